@@ -1,0 +1,124 @@
+"""Every ``HYBRID_*`` flag, declared once with its type, default and help.
+
+This is the one place flags are read. ``hybrid.config`` re-exports it, so the front end,
+the compiler and the runtime all see the same values. Flags are read from the environment
+at import and may be changed at run time with :func:`set_flag` (tests do this).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+
+@dataclasses.dataclass(frozen=True)
+class Flag:
+    name: str
+    parse: Callable[[str], Any]
+    default: Any
+    help: str
+
+
+def _bool(text: str) -> bool:
+    return text.strip().lower() in ("1", "true", "yes", "on")
+
+
+def _channels(text: str) -> frozenset:
+    return frozenset(c.strip() for c in text.split(",") if c.strip())
+
+
+def _default_cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return str(Path(base) / "hybrid")
+
+
+FLAGS = {f.name: f for f in [
+    Flag("HYBRID_ENGINE", str, "threaded",
+         "'threaded' runs ops on per-device worker threads; 'naive' runs every op "
+         "synchronously in the caller (for debugging; same results)."),
+    Flag("HYBRID_ENGINE_WINDOW", int, 4096,
+         "Most ops in flight at once; a front end further ahead blocks (back-pressure)."),
+    Flag("HYBRID_WAIT_TIMEOUT", float, 600.0,
+         "Seconds a sync point waits before it raises, naming what is still pending."),
+    Flag("HYBRID_CPU_WORKERS", int, 1,
+         "Worker threads per CPU device."),
+    Flag("HYBRID_INLINE", _bool, True,
+         "Run a small op in the caller when its inputs are ready and its device is idle."),
+    Flag("HYBRID_LOG", _channels, frozenset(),
+         "Comma-separated log channels: engine, recompiles, fusion, memory, schedule, "
+         "compile, codegen, simplify, all."),
+    Flag("HYBRID_CACHE_DIR", str, None,
+         "Directory of the on-disk compile cache (default ~/.cache/hybrid)."),
+    Flag("HYBRID_CHECK", _bool, False,
+         "Run the graph verifier between compiler passes (on under pytest)."),
+    Flag("HYBRID_PRINT_AFTER", _channels, frozenset(),
+         "Print the graph after these passes ('all' for every pass)."),
+    Flag("HYBRID_DUMP_DIR", str, None,
+         "Write generated code (LLVM IR, assembly, CUDA C) of each executable here."),
+    Flag("HYBRID_SMOKE", _bool, False,
+         "Examples and benchmarks shrink their sizes (used by CI)."),
+]}
+
+_values: dict[str, Any] = {}
+
+
+def _load(name: str) -> Any:
+    flag = FLAGS[name]
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return flag.default
+    try:
+        return flag.parse(raw)
+    except ValueError as exc:
+        raise ValueError(f"{name}={raw!r} is not valid: {flag.help}") from exc
+
+
+def get(name: str) -> Any:
+    """The current value of flag ``name`` (one of :data:`FLAGS`)."""
+    try:
+        return _values[name]
+    except KeyError:
+        if name not in FLAGS:
+            raise KeyError(f"unknown flag {name!r}; known flags: {', '.join(FLAGS)}") from None
+        _values[name] = _load(name)
+        return _values[name]
+
+
+def set_flag(name: str, value: Any) -> Any:
+    """Set a flag for this process; returns the previous value."""
+    old = get(name)
+    _values[name] = value
+    return old
+
+
+def cache_dir() -> Path:
+    return Path(get("HYBRID_CACHE_DIR") or _default_cache_dir())
+
+
+def log_enabled(channel: str) -> bool:
+    chans = get("HYBRID_LOG")
+    return channel in chans or "all" in chans
+
+
+def logger(channel: str) -> logging.Logger:
+    """The logger of a named channel; its messages show when the channel is in HYBRID_LOG."""
+    log = logging.getLogger(f"hybrid.{channel}")
+    if not getattr(log, "_hybrid_ready", False):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter(f"[hybrid:{channel}] %(message)s"))
+        log.addHandler(handler)
+        log.propagate = False
+        log._hybrid_ready = True
+    log.setLevel(logging.INFO if log_enabled(channel) else logging.WARNING)
+    return log
+
+
+def describe() -> str:
+    """Every flag with its value and help, for docs and ``hybrid sysinfo``."""
+    lines = []
+    for flag in FLAGS.values():
+        lines.append(f"{flag.name} = {get(flag.name)!r}  (default {flag.default!r})\n    {flag.help}")
+    return "\n".join(lines)

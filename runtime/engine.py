@@ -1,0 +1,472 @@
+"""The dependency engine: MXNet's ``PushAsync`` contract in Python.
+
+``push(fn, reads, writes, device, name)`` queues ``fn`` and returns at once. Ops that touch
+the same :class:`Var` keep program order (a read waits for the last write; a write waits for
+the last write and every read since), independent ops run in parallel on per-device workers.
+
+Errors: an exception inside an op poisons every value it writes; ops that read a poisoned
+value do not run and poison their own outputs. The original error is raised at the first sync
+point that touches a poisoned value (``wait``) or by ``wait_all``, once for ``wait_all``; a
+poisoned value stays poisoned, so every later read raises again (never stale data).
+
+Every wait has a timeout (``HYBRID_WAIT_TIMEOUT``) that raises :class:`WaitTimeout` naming what
+was still pending. The number of ops in flight is bounded (``HYBRID_ENGINE_WINDOW``): a front
+end far ahead blocks instead of filling memory.
+"""
+from __future__ import annotations
+
+import atexit
+import collections
+import os
+import sys
+import threading
+import time
+
+from . import config
+from .device import Device, cpu, cpu_count
+
+_log = config.logger("engine")
+
+
+class AsyncOpError(RuntimeError):
+    """An op queued on the engine failed; raised at a sync point that depends on it."""
+
+    def __init__(self, op_name: str, where, original: BaseException):
+        self.op_name = op_name
+        self.where = where
+        self.original = original
+        at = f" (queued at {where[0]}:{where[1]})" if where else ""
+        super().__init__(f"op '{op_name}'{at} failed: {type(original).__name__}: {original}")
+
+
+class WaitTimeout(TimeoutError):
+    """A sync point waited longer than its timeout."""
+
+
+class EngineUnusable(RuntimeError):
+    """The engine cannot run ops in this process (for example after fork with work pending)."""
+
+
+class Var:
+    """A dependency tag for one value (an array's buffer)."""
+
+    __slots__ = ("last_write", "readers", "error", "name", "__weakref__")
+
+    def __init__(self, name: str | None = None):
+        self.last_write = None
+        self.readers = []
+        self.error = None
+        self.name = name
+
+    def __repr__(self):
+        return f"Var({self.name or hex(id(self))})"
+
+
+class _Op:
+    __slots__ = ("fn", "name", "where", "device", "pending", "dependents", "done",
+                 "error", "origin", "reads", "writes", "queued")
+
+    def __init__(self, fn, name, where, device, reads, writes):
+        self.fn = fn
+        self.name = name
+        self.where = where
+        self.device = device
+        self.reads = reads
+        self.writes = writes
+        self.pending = 0
+        self.dependents = []
+        self.done = False
+        self.error = None
+        self.origin = False  # True when this op's own fn raised (not a propagated error)
+        self.queued = False  # in a worker's FIFO queue (or running)
+
+    def describe(self) -> str:
+        at = f" queued at {self.where[0]}:{self.where[1]}" if self.where else ""
+        return f"'{self.name}' on {self.device}{at}"
+
+
+class _Worker:
+    """The ready queue and threads of one device."""
+
+    __slots__ = ("device", "queue", "cv", "threads", "active", "sleeping")
+
+    def __init__(self, device, lock):
+        self.device = device
+        self.queue = collections.deque()
+        self.cv = threading.Condition(lock)
+        self.threads = []
+        self.active = 0
+        self.sleeping = 0  # threads waiting on cv: notify only then (a wake-up is costly)
+
+
+class Engine:
+    def __init__(self, mode: str | None = None, window: int | None = None,
+                 workers_per_device: int | None = None):
+        mode = mode or config.get("HYBRID_ENGINE")
+        if mode not in ("threaded", "naive"):
+            raise ValueError(f"engine mode must be 'threaded' or 'naive', got {mode!r} "
+                             "(set HYBRID_ENGINE)")
+        self.mode = mode
+        self.window = int(window or config.get("HYBRID_ENGINE_WINDOW"))
+        self.workers_per_device = int(workers_per_device or config.get("HYBRID_CPU_WORKERS"))
+        self.inline = bool(config.get("HYBRID_INLINE"))
+        self._fifo = self.workers_per_device == 1
+        self._reset_state()
+        self._pid = os.getpid()
+        self._broken = None
+
+    def _reset_state(self):
+        self._lock = threading.Lock()
+        self._done_cv = threading.Condition(self._lock)
+        self._space_cv = threading.Condition(self._lock)
+        self._workers: dict[Device, _Worker] = {}
+        self._inflight = 0
+        self._unreported = []
+        self._waiters = 0
+        self._closed = False
+
+    # ------------------------------------------------------------------ push
+    def push(self, fn, reads=(), writes=(), device: Device | None = None, name: str = "op",
+             where=None, inline: bool = False):
+        """Queue ``fn()`` to run after the ops it depends on; returns at once.
+
+        reads/writes: the :class:`Var` s the op reads and writes. ``inline`` lets a small op run in
+        the caller when its inputs are ready and its device is idle (same ordering and errors).
+        """
+        device = _canonical.get(device) or _canon(device)
+        op = _Op(fn, name, where, device, reads, writes)
+        if self.mode == "naive":
+            self._check_usable()
+            with self._lock:
+                self._register(op)
+                self._inflight += 1
+                worker = self._workers.get(device) or self._make_worker(device, start=False)
+                worker.active += 1
+            self._execute(op)
+            self._complete(op, worker)
+            return op
+        run_here = False
+        with self._lock:
+            if self._broken:
+                self._check_usable()
+            if self._inflight >= self.window:
+                self._wait_for_space()
+            deps = self._register(op)
+            self._inflight += 1
+            worker = self._workers.get(device) or self._make_worker(device)
+            if deps == 0:
+                op.queued = True
+                if inline and self.inline and worker.active == 0 and not worker.queue:
+                    worker.active += 1
+                    run_here = True
+                else:
+                    worker.queue.append(op)
+                    if worker.sleeping:
+                        worker.cv.notify()
+        if run_here:
+            self._execute(op)
+            self._complete(op, worker)
+        return op
+
+    def _register(self, op) -> int:
+        """Link ``op`` after the ops it must follow; returns how many it waits for.
+
+        With one worker per device, the device's queue is FIFO like a CUDA stream: an op
+        that is already queued on the same device runs first anyway, so it is no dependency.
+        """
+        deps = 0
+        writes = op.writes
+        fifo_device = op.device if self._fifo else None
+        for v in op.reads:
+            if v in writes:
+                continue
+            w = v.last_write
+            if w is not None and not w.done and not (w.queued and w.device is fifo_device):
+                w.dependents.append(op)
+                deps += 1
+            readers = v.readers
+            n = len(readers)
+            if n >= 32 and not n & (n - 1):  # prune at powers of two: amortized O(1)
+                readers[:] = [r for r in readers if not r.done]
+            readers.append(op)
+        for v in writes:
+            w = v.last_write
+            if w is not None and not w.done and not (w.queued and w.device is fifo_device):
+                w.dependents.append(op)
+                deps += 1
+            for r in v.readers:
+                if not r.done and not (r.queued and r.device is fifo_device):
+                    r.dependents.append(op)
+                    deps += 1
+            v.readers = []
+            v.last_write = op
+        op.pending = deps
+        return deps
+
+    def _wait_for_space(self):
+        timeout = config.get("HYBRID_WAIT_TIMEOUT")
+        deadline = time.monotonic() + timeout
+        while self._inflight >= self.window:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise WaitTimeout(
+                    f"push waited {timeout:.0f}s for room in the engine window "
+                    f"({self.window} ops in flight): {self._pending_summary()}")
+            self._space_cv.wait(left)
+
+    # ------------------------------------------------------------- workers
+    def _make_worker(self, device, start=True) -> _Worker:
+        worker = _Worker(device, self._lock)
+        self._workers[device] = worker
+        if start:
+            n = self.workers_per_device if device.kind == "cpu" else 1
+            for i in range(n):
+                t = threading.Thread(target=self._worker_loop, args=(worker,),
+                                     name=f"hybrid-{device}-{i}", daemon=True)
+                worker.threads.append(t)
+                t.start()
+        if device.kind == "cpu":
+            _share_cores(sum(1 for d in self._workers if d.kind == "cpu"))
+        return worker
+
+    def _worker_loop(self, worker: _Worker):
+        lock = self._lock
+        queue = worker.queue
+        execute = self._execute
+        while True:
+            with lock:
+                while not queue:
+                    if self._closed:
+                        return
+                    worker.sleeping += 1
+                    worker.cv.wait()
+                    worker.sleeping -= 1
+                # Take a batch: one lock round trip for many small ops.
+                n = min(len(queue), 64)
+                batch = [queue.popleft() for _ in range(n)]
+                worker.active += n
+            for op in batch:
+                execute(op)
+            self._complete_many(batch, worker)
+
+    def _execute(self, op):
+        err = None
+        for v in op.reads:
+            if v.error is not None:
+                err = v.error
+                break
+        if err is None:
+            try:
+                op.fn()
+            except BaseException as exc:  # noqa: BLE001 - every failure is reported at a sync point
+                err = AsyncOpError(op.name, op.where, exc)
+                err.__cause__ = exc
+                op.origin = True
+                if config.log_enabled("engine"):
+                    _log.info("op %s failed: %r", op.describe(), exc)
+        op.error = err
+        for v in op.writes:  # visible now: a later op of the same FIFO batch may read it
+            v.error = err
+        op.fn = None  # drop captured arrays as soon as the op is done
+
+    def _complete(self, op, worker):
+        self._complete_many((op,), worker)
+
+    def _complete_many(self, ops, worker):
+        with self._lock:
+            workers = self._workers
+            for op in ops:
+                op.done = True
+                if op.origin:
+                    self._unreported.append(op.error)
+                for d in op.dependents:
+                    d.pending -= 1
+                    if d.pending == 0:
+                        w = workers[d.device]
+                        w.queue.append(d)
+                        if w.sleeping:
+                            w.cv.notify()
+                op.dependents = ()
+            n = len(ops)
+            worker.active -= n
+            self._inflight -= n
+            if self._inflight < self.window:
+                self._space_cv.notify()
+            if self._waiters:
+                self._done_cv.notify_all()
+
+    # --------------------------------------------------------------- waits
+    def wait(self, var: Var, timeout: float | None = None):
+        """Block until the last write of ``var`` is done; raise its error if it failed."""
+        op = var.last_write
+        if op is not None and not op.done:
+            with self._lock:
+                self._wait_until(lambda: op.done, timeout, f"value written by {op.describe()}")
+        err = var.error
+        if err is not None:
+            self._raise(err)
+
+    def wait_all(self, timeout: float | None = None):
+        """Block until every op is done; raise the first error not raised yet (once)."""
+        with self._lock:
+            if self._inflight:
+                self._wait_until(lambda: self._inflight == 0, timeout, "all ops")
+            errors = self._unreported
+            self._unreported = []
+        if errors:
+            first = errors[0]
+            if len(errors) > 1:
+                others = "; ".join(str(e) for e in errors[1:4])
+                first = AsyncOpError(first.op_name, first.where, first.original)
+                first.args = (f"{first.args[0]} (and {len(errors) - 1} more failed op(s): "
+                              f"{others})",)
+            self._raise(first)
+
+    def _wait_until(self, ready, timeout, what):
+        self._check_usable()
+        timeout = config.get("HYBRID_WAIT_TIMEOUT") if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        self._waiters += 1
+        try:
+            while not ready():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise WaitTimeout(f"waited {timeout:g}s for {what}; still pending: "
+                                      f"{self._pending_summary()}")
+                self._done_cv.wait(left)
+        finally:
+            self._waiters -= 1
+
+    def _raise(self, err: AsyncOpError):
+        with self._lock:
+            if err in self._unreported:
+                self._unreported.remove(err)
+        fresh = AsyncOpError(err.op_name, err.where, err.original)
+        fresh.args = err.args
+        raise fresh from err.original
+
+    def _pending_summary(self) -> str:
+        parts = []
+        for dev, w in self._workers.items():
+            head = f"next {w.queue[0].describe()}" if w.queue else "queue empty"
+            parts.append(f"{dev}: {len(w.queue)} ready, {w.active} running ({head})")
+        return f"{self._inflight} op(s) in flight; " + "; ".join(parts)
+
+    # ------------------------------------------------------------ lifecycle
+    @property
+    def inflight(self) -> int:
+        return self._inflight
+
+    def _check_usable(self):
+        if self._broken:
+            raise EngineUnusable(self._broken)
+
+    def _after_fork(self):
+        pending = self._inflight
+        self._pid = os.getpid()
+        self._reset_state()
+        if pending:
+            self._broken = (f"this process was forked while {pending} op(s) were in flight; "
+                            "their results cannot be computed here. Call hb.waitall() before "
+                            "fork(), or start workers with the 'spawn' method.")
+
+    def shutdown(self, timeout: float = 10.0):
+        """Finish pending work (up to ``timeout`` s) and stop the worker threads."""
+        if os.getpid() != self._pid:
+            return
+        try:
+            self.wait_all(timeout=timeout)
+        except Exception as exc:  # noqa: BLE001 - at exit, report and go on
+            print(f"hybrid: at exit: {exc}", file=sys.stderr)
+        with self._lock:
+            self._closed = True
+            for w in self._workers.values():
+                w.cv.notify_all()
+            threads = [t for w in self._workers.values() for t in w.threads]
+        for t in threads:
+            t.join(timeout=1.0)
+
+
+def _share_cores(n_cpu_devices: int):
+    """Give each CPU device its share of cores for BLAS (never oversubscribe)."""
+    threads = max(1, cpu_count() // max(1, n_cpu_devices))
+    if threads == _share_cores.current:
+        return
+    _share_cores.current = threads
+    for hook in list(_share_cores.hooks):
+        hook(threads)
+
+
+_share_cores.current = None
+_share_cores.hooks = []
+
+
+def on_core_share(hook):
+    """Register ``hook(threads_per_device)``; called now and whenever the share changes."""
+    _share_cores.hooks.append(hook)
+    if _share_cores.current is not None:
+        hook(_share_cores.current)
+
+
+def threads_per_cpu_device() -> int:
+    return _share_cores.current or cpu_count()
+
+
+def _numpy_blas_threads(n: int):
+    try:
+        from threadpoolctl import threadpool_limits
+        threadpool_limits(limits=n, user_api="blas")
+    except Exception:  # noqa: BLE001 - without threadpoolctl BLAS keeps its own default
+        pass
+
+
+on_core_share(_numpy_blas_threads)
+
+# ----------------------------------------------------------------- the engine
+_engine: Engine | None = None
+_engine_lock = threading.Lock()
+
+
+def get_engine() -> Engine:
+    global _engine
+    eng = _engine
+    if eng is None:
+        with _engine_lock:
+            if _engine is None:
+                _engine = Engine()
+            eng = _engine
+    return eng
+
+
+def set_engine(engine: Engine) -> Engine:
+    """Replace the process engine (waits for the old one first); returns the old one."""
+    global _engine
+    old = _engine
+    if old is not None:
+        old.wait_all()
+    _engine = engine
+    return old
+
+
+def _at_exit():
+    if _engine is not None:
+        _engine.shutdown()
+
+
+def _after_fork_in_child():
+    if _engine is not None:
+        _engine._after_fork()
+
+
+_canonical: dict = {None: cpu(0)}
+
+
+def _canon(device: Device) -> Device:
+    """One Device object per device, so the hot path compares with ``is``."""
+    if not isinstance(device, Device):
+        raise TypeError(f"device must be a hybrid Device (hb.cpu(i)/hb.gpu(i)), got {device!r}")
+    return _canonical.setdefault(device, device)
+
+
+atexit.register(_at_exit)
+os.register_at_fork(after_in_child=_after_fork_in_child)
