@@ -1,0 +1,234 @@
+"""Functions composed from primitives, written once over an op namespace ``F``.
+
+They serve gradient rules, the front end's NumPy-named functions and the layers alike, so
+their gradients and code generation come from the primitives (tinygrad's discipline).
+``F`` is a :class:`compiler.ops.core.OpNamespace`; values carry ``.shape`` and ``.dtype``.
+"""
+from __future__ import annotations
+
+import math
+
+from .core import normalize_axis, spec_of
+
+
+def _shape(v):
+    return tuple(v.shape)
+
+
+def sum_to(F, g, shape):
+    """Sum a broadcast gradient ``g`` back down to ``shape``."""
+    shape = tuple(shape)
+    gshape = _shape(g)
+    if gshape == shape:
+        return g
+    lead = len(gshape) - len(shape)
+    axes = tuple(range(lead)) + tuple(
+        lead + i for i, n in enumerate(shape) if n == 1 and gshape[lead + i] != 1)
+    if axes:
+        g = F.sum(g, axis=axes, keepdims=True)
+    return F.reshape(g, shape=shape) if _shape(g) != shape else g
+
+
+def zeros_like_grad(F, x):
+    """A zero gradient for x (ops like floor or sign whose derivative is 0 almost everywhere)."""
+    return F.full(shape=_shape(x), value=0.0, dtype=spec_of(x).dtype)
+
+
+def reduced_shape(shape, axis, keepdims):
+    axes = normalize_axis(axis, len(shape))
+    if keepdims:
+        return tuple(1 if i in axes else n for i, n in enumerate(shape))
+    return tuple(n for i, n in enumerate(shape) if i not in axes)
+
+
+def count(shape, axis) -> int:
+    axes = normalize_axis(axis, len(shape))
+    return int(math.prod(shape[a] for a in axes))
+
+
+def mean(F, x, axis=None, keepdims=False):
+    n = count(_shape(x), axis)
+    s = F.sum(x, axis=axis, keepdims=keepdims)
+    if not spec_of(x).dtype.startswith("float"):
+        s = F.cast(s, dtype="float32")
+    return F.div(s, float(max(n, 1))) if n else F.div(s, float("nan"))
+
+
+def var(F, x, axis=None, keepdims=False, ddof=0):
+    n = count(_shape(x), axis)
+    mu = mean(F, x, axis=axis, keepdims=True)
+    d = F.sub(x, mu)
+    s = F.sum(F.mul(d, d), axis=axis, keepdims=keepdims)
+    return F.div(s, float(max(n - ddof, 0)) or float("nan"))
+
+
+def std(F, x, axis=None, keepdims=False, ddof=0):
+    return F.sqrt(var(F, x, axis=axis, keepdims=keepdims, ddof=ddof))
+
+
+def log_softmax(F, x, axis=-1):
+    m = F.stop_gradient(F.max(x, axis=axis, keepdims=True))
+    shifted = F.sub(x, m)
+    return F.sub(shifted, F.log(F.sum(F.exp(shifted), axis=axis, keepdims=True)))
+
+
+def softmax(F, x, axis=-1, temperature=None):
+    if temperature is not None and temperature != 1:
+        x = F.div(x, float(temperature))
+    m = F.stop_gradient(F.max(x, axis=axis, keepdims=True))
+    e = F.exp(F.sub(x, m))
+    return F.div(e, F.sum(e, axis=axis, keepdims=True))
+
+
+def one_hot(F, indices, depth, on_value=1.0, off_value=0.0, dtype="float32"):
+    idx = F.reshape(indices, shape=_shape(indices) + (1,))
+    hot = F.eq(idx, F.arange(start=0, stop=depth, step=1, dtype=spec_of(indices).dtype))
+    if on_value == 1.0 and off_value == 0.0:
+        return F.cast(hot, dtype=dtype)
+    return F.cast(F.where(hot, float(on_value), float(off_value)), dtype=dtype)
+
+
+def expand_dims(F, x, axis):
+    shape = list(_shape(x))
+    nd = len(shape) + 1
+    axis = axis % nd if axis < 0 else axis
+    shape.insert(axis, 1)
+    return F.reshape(x, shape=tuple(shape))
+
+
+def squeeze(F, x, axis=None):
+    shape = _shape(x)
+    if axis is None:
+        axes = tuple(i for i, n in enumerate(shape) if n == 1)
+    else:
+        axes = normalize_axis(axis, len(shape), "squeeze")
+        bad = [a for a in axes if shape[a] != 1]
+        if bad:
+            raise ValueError(f"squeeze: axis {bad[0]} has size {shape[bad[0]]}, not 1")
+    return F.reshape(x, shape=tuple(n for i, n in enumerate(shape) if i not in axes))
+
+
+def flatten(F, x):
+    """(N, ...) -> (N, prod(...)), Gluon's Flatten."""
+    shape = _shape(x)
+    rest = int(math.prod(shape[1:])) if len(shape) > 1 else 1
+    return F.reshape(x, shape=(shape[0] if shape else 1, rest))
+
+
+def swapaxes(F, x, a, b):
+    nd = len(_shape(x))
+    axes = list(range(nd))
+    a, b = a % nd, b % nd
+    axes[a], axes[b] = axes[b], axes[a]
+    return F.transpose(x, axes=tuple(axes))
+
+
+def stack(F, xs, axis=0):
+    nd = len(_shape(xs[0])) + 1
+    axis = axis % nd
+    return F.concatenate(*[expand_dims(F, x, axis) for x in xs], axis=axis)
+
+
+def split(F, x, indices_or_sections, axis=0):
+    shape = _shape(x)
+    axis = axis % len(shape)
+    n = shape[axis]
+    if isinstance(indices_or_sections, int):
+        if n % indices_or_sections:
+            raise ValueError(f"split: axis {axis} of size {n} does not divide into "
+                             f"{indices_or_sections} equal sections")
+        step = n // indices_or_sections
+        bounds = [i * step for i in range(indices_or_sections + 1)]
+    else:
+        bounds = [0] + [int(i) for i in indices_or_sections] + [n]
+    outs = []
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        begin = [0] * len(shape)
+        end = list(shape)
+        begin[axis], end[axis] = lo, max(lo, hi)
+        outs.append(F.slice(x, begin=tuple(begin), end=tuple(end),
+                            step=(1,) * len(shape)))
+    return outs
+
+
+def tile(F, x, reps):
+    reps = (reps,) if isinstance(reps, int) else tuple(reps)
+    shape = _shape(x)
+    nd = max(len(shape), len(reps))
+    shape = (1,) * (nd - len(shape)) + shape
+    reps = (1,) * (nd - len(reps)) + reps
+    x = F.reshape(x, shape=tuple(v for n in shape for v in (1, n)))
+    x = F.broadcast_to(x, shape=tuple(v for r, n in zip(reps, shape) for v in (r, n)))
+    return F.reshape(x, shape=tuple(r * n for r, n in zip(reps, shape)))
+
+
+def repeat(F, x, repeats, axis=None):
+    if axis is None:
+        x = F.reshape(x, shape=(int(math.prod(_shape(x))),))
+        axis = 0
+    shape = _shape(x)
+    axis = axis % len(shape)
+    inner = shape[:axis + 1] + (1,) + shape[axis + 1:]
+    x = F.reshape(x, shape=inner)
+    x = F.broadcast_to(x, shape=shape[:axis + 1] + (repeats,) + shape[axis + 1:])
+    return F.reshape(x, shape=shape[:axis] + (shape[axis] * repeats,) + shape[axis + 1:])
+
+
+def linear(F, x, weight, bias=None, flatten_input=True):
+    """Gluon's Dense: x @ weight.T + bias, weight of shape (units, in_units)."""
+    if flatten_input and len(_shape(x)) != 2:
+        x = flatten(F, x)
+    y = F.matmul(x, F.transpose(weight, axes=(1, 0)))
+    return F.add(y, bias) if bias is not None else y
+
+
+def batch_norm_train(F, x, gamma, beta, axis=1, eps=1e-5):
+    """Normalize with the batch statistics; returns (y, batch_mean, batch_var)."""
+    nd = len(_shape(x))
+    axis = axis % nd
+    red = tuple(i for i in range(nd) if i != axis)
+    bshape = tuple(n if i == axis else 1 for i, n in enumerate(_shape(x)))
+    mu = mean(F, x, axis=red, keepdims=True)
+    d = F.sub(x, mu)
+    v = mean(F, F.mul(d, d), axis=red, keepdims=True)
+    y = F.mul(d, F.rsqrt(F.add(v, float(eps))))
+    y = F.add(F.mul(y, F.reshape(gamma, shape=bshape)), F.reshape(beta, shape=bshape))
+    c = (_shape(x)[axis],)
+    return y, F.reshape(mu, shape=c), F.reshape(v, shape=c)
+
+
+def batch_norm_infer(F, x, gamma, beta, running_mean, running_var, axis=1, eps=1e-5):
+    nd = len(_shape(x))
+    axis = axis % nd
+    bshape = tuple(n if i == axis else 1 for i, n in enumerate(_shape(x)))
+    scale = F.mul(gamma, F.rsqrt(F.add(running_var, float(eps))))
+    shift = F.sub(beta, F.mul(running_mean, scale))
+    return F.add(F.mul(x, F.reshape(scale, shape=bshape)), F.reshape(shift, shape=bshape))
+
+
+def layer_norm(F, x, gamma, beta, axis=-1, eps=1e-5):
+    nd = len(_shape(x))
+    axis = axis % nd
+    mu = mean(F, x, axis=axis, keepdims=True)
+    d = F.sub(x, mu)
+    v = mean(F, F.mul(d, d), axis=axis, keepdims=True)
+    bshape = tuple(n if i == axis else 1 for i, n in enumerate(_shape(x)))
+    y = F.mul(d, F.rsqrt(F.add(v, float(eps))))
+    return F.add(F.mul(y, F.reshape(gamma, shape=bshape)), F.reshape(beta, shape=bshape))
+
+
+def gelu(F, x):
+    return F.mul(F.mul(x, 0.5), F.add(F.erf(F.mul(x, 1.0 / math.sqrt(2.0))), 1.0))
+
+
+def softrelu(F, x):
+    """log(1 + exp(x)), computed stably as max(x, 0) + log1p(exp(-|x|))."""
+    return F.add(F.relu(x), F.log1p(F.exp(F.neg(F.abs(x)))))
+
+
+def dropout(F, x, p, key):
+    """Inverted dropout with a keep mask drawn from the counter-based RNG at ``key``."""
+    if p <= 0:
+        return x
+    u = F.random_uniform(key, shape=_shape(x), low=0.0, high=1.0, dtype=spec_of(x).dtype)
+    return F.where(F.ge(u, float(p)), F.mul(x, 1.0 / (1.0 - p)), 0.0)

@@ -1,0 +1,215 @@
+"""The op registry's core: what an op is, its types, and how dtypes promote.
+
+An op is defined once (see ``OpDef``): its type rule, its eager implementation over an array
+module ``xp`` (numpy or cupy), its gradient rule written with registry ops, and how code
+generators lower it (a scalar expression for elementwise ops, an extern kernel otherwise).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, NamedTuple
+
+import numpy as np
+
+FLOAT_DTYPES = ("float16", "float32", "float64")
+INT_DTYPES = ("int8", "uint8", "int32", "int64")
+ALL_DTYPES = FLOAT_DTYPES + INT_DTYPES + ("bool",)
+NUMERIC_DTYPES = FLOAT_DTYPES + INT_DTYPES
+DTYPE_CLASSES = {"float": FLOAT_DTYPES, "int": INT_DTYPES, "numeric": NUMERIC_DTYPES,
+                 "all": ALL_DTYPES, "intbool": INT_DTYPES + ("bool",)}
+DEFAULT_FLOAT = "float32"
+
+
+class OpError(ValueError):
+    """An op was applied to arguments it does not accept (shape, dtype or attribute)."""
+
+
+class Spec(NamedTuple):
+    """The static type of a value: shape and dtype name."""
+    shape: tuple
+    dtype: str
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    def __str__(self):
+        short = {"float32": "f32", "float64": "f64", "float16": "f16", "int32": "i32",
+                 "int64": "i64", "int8": "i8", "uint8": "u8", "bool": "bool"}
+        return f"{short.get(self.dtype, self.dtype)}[{','.join(map(str, self.shape))}]"
+
+
+def dtype_name(dtype) -> str:
+    """Canonical dtype name ('float32', ...) from anything NumPy understands."""
+    if dtype is None:
+        return DEFAULT_FLOAT
+    if isinstance(dtype, np.dtype) and dtype.name in ALL_DTYPES:
+        return dtype.name
+    if isinstance(dtype, str) and dtype in ALL_DTYPES:
+        return dtype
+    try:
+        name = np.dtype(dtype).name
+    except TypeError:
+        raise OpError(f"unknown dtype {dtype!r}; supported: {', '.join(ALL_DTYPES)}") from None
+    if name not in ALL_DTYPES:
+        raise OpError(f"dtype {name} is not supported; supported: {', '.join(ALL_DTYPES)}")
+    return name
+
+
+def is_scalar(v) -> bool:
+    """A Python/NumPy number used directly as an operand (a 'weak' type, as in JAX)."""
+    return isinstance(v, (bool, int, float, np.number, np.bool_))
+
+
+def spec_of(v) -> Spec:
+    if is_scalar(v):
+        return Spec((), _scalar_dtype(v))
+    return Spec(tuple(v.shape), dtype_name(v.dtype))
+
+
+def _scalar_dtype(v) -> str:
+    if isinstance(v, (bool, np.bool_)):
+        return "bool"
+    if isinstance(v, (int, np.integer)):
+        return "int64"
+    return DEFAULT_FLOAT
+
+
+def result_dtype(*args) -> str:
+    """NumPy promotion among arrays; Python scalars are weak (they do not widen arrays).
+
+    An integer or bool array meeting a float scalar gives float32 (the framework default,
+    as in MXNet), not NumPy's float64.
+    """
+    arrays = [spec_of(a).dtype for a in args if not is_scalar(a)]
+    scalars = [a for a in args if is_scalar(a)]
+    if not arrays:
+        return np.result_type(*[_scalar_dtype(s) for s in scalars]).name
+    dt = np.result_type(*arrays).name if len(arrays) > 1 else arrays[0]
+    for s in scalars:
+        kind = _scalar_dtype(s)
+        if kind == DEFAULT_FLOAT and dt not in FLOAT_DTYPES:
+            dt = DEFAULT_FLOAT
+        elif kind == "int64" and dt == "bool":
+            dt = "int64"
+    return dt
+
+
+def broadcast_shapes(*shapes, op: str = "op") -> tuple:
+    try:
+        return tuple(np.broadcast_shapes(*shapes))
+    except ValueError:
+        raise OpError(f"{op}: shapes {' and '.join(str(tuple(s)) for s in shapes)} cannot be "
+                      "broadcast together (trailing dimensions must be equal or 1)") from None
+
+
+def normalize_axis(axis, ndim: int, op: str = "op") -> tuple:
+    """A tuple of non-negative axes from None / int / sequence."""
+    if axis is None:
+        return tuple(range(ndim))
+    axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+    out = []
+    for a in axes:
+        a = int(a)
+        if not -ndim <= a < max(ndim, 1) and not (ndim == 0 and a in (0, -1)):
+            raise OpError(f"{op}: axis {a} is out of range for an array of {ndim} dimension(s)")
+        out.append(a % ndim if ndim else 0)
+    if len(set(out)) != len(out):
+        raise OpError(f"{op}: repeated axis in {axis}")
+    return tuple(sorted(out))
+
+
+@dataclasses.dataclass(frozen=True)
+class OpDef:
+    """One primitive, defined once.
+
+    kind: 'elementwise' (one output, same shape as broadcast inputs, lowered from ``scalar``),
+          'reduce', 'movement' (reshape/transpose/slice/...), 'extern' (a library kernel:
+          matmul, conv, pooling), 'index' (gather/scatter), 'source' (creation and random).
+    infer(*specs, **attrs) -> Spec | tuple[Spec]: the type rule (raises OpError).
+    impl(xp, *args, **attrs): the eager implementation over numpy or cupy.
+    grad(F, inputs, out, g, **attrs) -> tuple: input gradients built with registry ops
+          through ``F`` (eager arrays or graph symbols alike); None for no gradient.
+    scalar(b, *xs, **attrs): for elementwise ops, the expression code generators lower.
+    """
+    name: str
+    kind: str
+    infer: Callable
+    impl: Callable
+    grad: Callable | None = None
+    scalar: Callable | None = None
+    num_outputs: int = 1
+    dtypes: str = "all"
+    doc: str = ""
+    attrs: tuple = ()
+
+    @property
+    def differentiable(self) -> bool:
+        return self.grad is not None
+
+    def check_attrs(self, attrs: dict):
+        unknown = set(attrs) - set(self.attrs)
+        if unknown:
+            raise OpError(f"{self.name}: unknown attribute(s) {sorted(unknown)}; "
+                          f"accepted: {list(self.attrs) or 'none'}")
+
+
+REGISTRY: dict[str, OpDef] = {}
+
+
+def register(name: str, kind: str, *, infer, impl, grad=None, scalar=None, num_outputs=1,
+             dtypes="all", doc="", attrs=()) -> OpDef:
+    if name in REGISTRY:
+        raise ValueError(f"op {name!r} is registered twice")
+    op = OpDef(name, kind, infer, impl, grad, scalar, num_outputs, dtypes, doc, tuple(attrs))
+    REGISTRY[name] = op
+    return op
+
+
+def get_op(name: str) -> OpDef:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise OpError(f"unknown op {name!r}; it is not in the op registry") from None
+
+
+def check_dtype(op: str, arg: str, dtype: str, allowed: str):
+    if dtype not in DTYPE_CLASSES[allowed]:
+        raise OpError(f"{op}: argument '{arg}' has dtype {dtype}, but {op} accepts "
+                      f"{allowed} dtypes ({', '.join(DTYPE_CLASSES[allowed])})")
+
+
+def infer_types(name: str, args, attrs: dict) -> tuple:
+    """The output Specs of applying op ``name`` to ``args`` (arrays, Specs or scalars)."""
+    op = get_op(name)
+    op.check_attrs(attrs)
+    specs = [a if isinstance(a, Spec) else (a if is_scalar(a) else spec_of(a)) for a in args]
+    out = op.infer(*specs, **attrs)
+    return out if isinstance(out, tuple) and not isinstance(out, Spec) else (out,)
+
+
+class OpNamespace:
+    """``F.add(x, y)``-style access to registry ops through an ``apply(name, args, attrs)``.
+
+    Gradient rules and composite functions receive one of these, so the same rule builds
+    eager arrays (hybrid) or graph nodes (compiler.autodiff).
+    """
+
+    def __init__(self, apply: Callable[[str, tuple, dict], Any]):
+        self._apply = apply
+
+    def __getattr__(self, name):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        get_op(name)
+        apply = self._apply
+
+        def call(*args, **attrs):
+            return apply(name, args, attrs)
+        call.__name__ = name
+        setattr(self, name, call)
+        return call

@@ -1,0 +1,272 @@
+"""Elementwise primitives: unary, binary (broadcasting), where, clip, cast.
+
+Each entry: eager impl over ``xp``, gradient with registry ops via ``F``, and the scalar
+expression (over a code generator's scalar builder ``b``) that backends lower.
+"""
+from __future__ import annotations
+
+import math
+
+from .core import (OpError, Spec, broadcast_shapes, check_dtype, dtype_name, is_scalar,
+                   register, result_dtype, spec_of)
+from .composite import sum_to, zeros_like_grad
+
+
+def _dt(s):
+    return s.dtype if isinstance(s, Spec) else spec_of(s).dtype
+
+
+def _shape(s):
+    return s.shape if isinstance(s, Spec) else ()
+
+
+# --------------------------------------------------------------------------- unary
+def _unary_infer(name, allowed, out_dtype=None):
+    def infer(x):
+        check_dtype(name, "x", _dt(x), allowed)
+        return Spec(_shape(x), out_dtype or _dt(x))
+    return infer
+
+
+def _float_unary_infer(name):
+    """Transcendentals: integer inputs compute in float32 (MXNet/JAX behaviour)."""
+    def infer(x):
+        check_dtype(name, "x", _dt(x), "numeric")
+        dt = _dt(x)
+        return Spec(_shape(x), dt if dt.startswith("float") else "float32")
+    return infer
+
+
+def _unary(name, impl, scalar, grad=None, allowed="numeric", float_out=False, out_dtype=None,
+           doc=""):
+    infer = _float_unary_infer(name) if float_out else _unary_infer(name, allowed, out_dtype)
+    register(name, "elementwise", infer=infer, impl=impl, scalar=scalar, grad=grad,
+             dtypes="float" if float_out else allowed, doc=doc)
+
+
+_unary("neg", lambda xp, x: xp.negative(x), lambda b, x: b.neg(x),
+       lambda F, i, out, g: (F.neg(g),), doc="-x")
+_unary("abs", lambda xp, x: xp.abs(x), lambda b, x: b.abs(x),
+       lambda F, i, out, g: (F.mul(g, F.sign(i[0])),), doc="|x|")
+_unary("sign", lambda xp, x: xp.sign(x), lambda b, x: b.sign(x),
+       lambda F, i, out, g: (zeros_like_grad(F, i[0]),), doc="sign of x (gradient 0)")
+_unary("exp", lambda xp, x: xp.exp(x), lambda b, x: b.exp(x),
+       lambda F, i, out, g: (F.mul(g, out),), float_out=True)
+_unary("log", lambda xp, x: xp.log(x), lambda b, x: b.log(x),
+       lambda F, i, out, g: (F.div(g, i[0]),), float_out=True)
+_unary("log1p", lambda xp, x: xp.log1p(x), lambda b, x: b.log1p(x),
+       lambda F, i, out, g: (F.div(g, F.add(i[0], 1.0)),), float_out=True)
+_unary("expm1", lambda xp, x: xp.expm1(x), lambda b, x: b.expm1(x),
+       lambda F, i, out, g: (F.mul(g, F.add(out, 1.0)),), float_out=True)
+_unary("sqrt", lambda xp, x: xp.sqrt(x), lambda b, x: b.sqrt(x),
+       lambda F, i, out, g: (F.div(g, F.mul(out, 2.0)),), float_out=True)
+_unary("rsqrt", lambda xp, x: xp.reciprocal(xp.sqrt(x)),
+       lambda b, x: b.div(b.const(1.0), b.sqrt(x)),
+       lambda F, i, out, g: (F.mul(g, F.mul(F.mul(out, F.mul(out, out)), -0.5)),),
+       float_out=True, doc="1/sqrt(x)")
+_unary("square", lambda xp, x: xp.square(x), lambda b, x: b.mul(x, x),
+       lambda F, i, out, g: (F.mul(g, F.mul(i[0], 2.0)),))
+_unary("sin", lambda xp, x: xp.sin(x), lambda b, x: b.sin(x),
+       lambda F, i, out, g: (F.mul(g, F.cos(i[0])),), float_out=True)
+_unary("cos", lambda xp, x: xp.cos(x), lambda b, x: b.cos(x),
+       lambda F, i, out, g: (F.neg(F.mul(g, F.sin(i[0]))),), float_out=True)
+_unary("tanh", lambda xp, x: xp.tanh(x), lambda b, x: b.tanh(x),
+       lambda F, i, out, g: (F.mul(g, F.sub(1.0, F.mul(out, out))),), float_out=True)
+
+
+def _sigmoid_impl(xp, x):
+    # exp of a non-positive number only: no overflow warnings, exact at both tails
+    e = xp.exp(-xp.abs(x))
+    return xp.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(e.dtype, copy=False)
+
+
+_unary("sigmoid", _sigmoid_impl,
+       lambda b, x: b.div(b.const(1.0), b.add(b.const(1.0), b.exp(b.neg(x)))),
+       lambda F, i, out, g: (F.mul(g, F.mul(out, F.sub(1.0, out))),), float_out=True,
+       doc="1 / (1 + exp(-x))")
+_unary("relu", lambda xp, x: xp.maximum(x, 0).astype(x.dtype, copy=False),
+       lambda b, x: b.max(x, b.const(0)),
+       lambda F, i, out, g: (F.where(F.gt(i[0], 0), g, 0.0),), doc="max(x, 0)")
+_unary("erf", lambda xp, x: _erf(xp, x), lambda b, x: b.erf(x),
+       lambda F, i, out, g: (F.mul(g, F.mul(F.exp(F.neg(F.square(i[0]))),
+                                            2.0 / math.sqrt(math.pi))),), float_out=True)
+_unary("floor", lambda xp, x: xp.floor(x), lambda b, x: b.floor(x),
+       lambda F, i, out, g: (zeros_like_grad(F, i[0]),))
+_unary("ceil", lambda xp, x: xp.ceil(x), lambda b, x: b.ceil(x),
+       lambda F, i, out, g: (zeros_like_grad(F, i[0]),))
+_unary("round", lambda xp, x: xp.round(x), lambda b, x: b.round(x),
+       lambda F, i, out, g: (zeros_like_grad(F, i[0]),), doc="round half to even, as NumPy")
+_unary("logical_not", lambda xp, x: xp.logical_not(x), lambda b, x: b.logical_not(x),
+       allowed="all", out_dtype="bool")
+
+
+def _erf(xp, x):
+    if hasattr(xp, "special") or xp.__name__ == "cupy":
+        import cupyx.scipy.special as sp  # noqa: PLC0415 - only on GPU
+        return sp.erf(x)
+    try:
+        from scipy.special import erf  # noqa: PLC0415 - optional, exact
+        return erf(x).astype(x.dtype, copy=False)
+    except ImportError:
+        vec = __import__("numpy").vectorize(math.erf, otypes=[x.dtype])
+        return vec(x)
+
+
+def _identity_grad(F, i, out, g):
+    return (g,)
+
+
+register("copy", "elementwise", infer=_unary_infer("copy", "all"),
+         impl=lambda xp, x: xp.array(x, copy=True), scalar=lambda b, x: x,
+         grad=_identity_grad, doc="a copy of x")
+register("stop_gradient", "elementwise", infer=_unary_infer("stop_gradient", "all"),
+         impl=lambda xp, x: x, scalar=lambda b, x: x,
+         grad=lambda F, i, out, g: (None,), doc="x, with no gradient flowing back")
+
+
+def _cast_infer(x, dtype):
+    return Spec(_shape(x), dtype_name(dtype))
+
+
+def _cast_grad(F, i, out, g, dtype):
+    src = spec_of(i[0]).dtype
+    return (F.cast(g, dtype=src) if src.startswith("float") else None,)
+
+
+register("cast", "elementwise", infer=_cast_infer,
+         impl=lambda xp, x, dtype: x.astype(dtype), scalar=lambda b, x, dtype: b.cast(x, dtype),
+         grad=_cast_grad, attrs=("dtype",), doc="x.astype(dtype)")
+
+
+# -------------------------------------------------------------------------- binary
+def _binary_infer(name, allowed, out_dtype=None, float_out=False):
+    def infer(x, y):
+        for arg, v in (("x", x), ("y", y)):
+            check_dtype(name, arg, _dt(v), allowed)
+        shape = broadcast_shapes(_shape(x), _shape(y), op=name)
+        dt = out_dtype or result_dtype(_as_operand(x), _as_operand(y))
+        if float_out and not dt.startswith("float"):
+            dt = "float32"
+        return Spec(shape, dt)
+    return infer
+
+
+def _as_operand(v):
+    """For promotion: a Spec stands for an array of that dtype; scalars stay weak."""
+    return v if is_scalar(v) else _SpecArray(v)
+
+
+class _SpecArray:
+    def __init__(self, spec):
+        self.shape, self.dtype = spec.shape, spec.dtype
+
+
+def _binary(name, impl, scalar, grad=None, allowed="numeric", out_dtype=None, float_out=False,
+            doc=""):
+    register(name, "elementwise", infer=_binary_infer(name, allowed, out_dtype, float_out),
+             impl=impl, scalar=scalar, grad=grad, dtypes=allowed, doc=doc)
+
+
+def _grads2(F, i, gx, gy):
+    """Reduce broadcast gradients back to each input's shape; None for scalars."""
+    x, y = i
+    return (None if is_scalar(x) or gx is None else sum_to(F, gx, x.shape),
+            None if is_scalar(y) or gy is None else sum_to(F, gy, y.shape))
+
+
+_binary("add", lambda xp, x, y: xp.add(x, y), lambda b, x, y: b.add(x, y),
+        lambda F, i, out, g: _grads2(F, i, g, g))
+_binary("sub", lambda xp, x, y: xp.subtract(x, y), lambda b, x, y: b.sub(x, y),
+        lambda F, i, out, g: _grads2(F, i, g, F.neg(g)))
+_binary("mul", lambda xp, x, y: xp.multiply(x, y), lambda b, x, y: b.mul(x, y),
+        lambda F, i, out, g: _grads2(F, i, F.mul(g, i[1]), F.mul(g, i[0])))
+_binary("div", lambda xp, x, y: xp.true_divide(x, y), lambda b, x, y: b.div(x, y),
+        lambda F, i, out, g: _grads2(F, i, F.div(g, i[1]),
+                                     F.neg(F.div(F.mul(g, out), i[1]))),
+        float_out=True, doc="true division (integers divide to float32)")
+_binary("floordiv", lambda xp, x, y: xp.floor_divide(x, y), lambda b, x, y: b.floordiv(x, y),
+        lambda F, i, out, g: (None, None), doc="x // y (no gradient)")
+_binary("mod", lambda xp, x, y: xp.mod(x, y), lambda b, x, y: b.mod(x, y),
+        lambda F, i, out, g: _grads2(F, i, g, F.neg(F.mul(g, F.floordiv(i[0], i[1])))),
+        doc="x % y with the sign of y, as NumPy")
+_binary("pow", lambda xp, x, y: xp.power(x, y), lambda b, x, y: b.pow(x, y),
+        lambda F, i, out, g: _grads2(
+            F, i, F.mul(g, F.mul(i[1], F.pow(i[0], F.sub(i[1], 1)))),
+            None if is_scalar(i[1]) else F.mul(g, F.mul(out, F.log(i[0])))),
+        doc="x ** y")
+
+
+def _minmax_grad(cmp):
+    def grad(F, i, out, g):
+        x, y = i
+        pick_x = getattr(F, cmp)(x, y)
+        return _grads2(F, i, F.where(pick_x, g, 0.0), F.where(pick_x, 0.0, g))
+    return grad
+
+
+_binary("maximum", lambda xp, x, y: xp.maximum(x, y), lambda b, x, y: b.max(x, y),
+        _minmax_grad("ge"))
+_binary("minimum", lambda xp, x, y: xp.minimum(x, y), lambda b, x, y: b.min(x, y),
+        _minmax_grad("le"))
+
+for _name, _np_name in (("eq", "equal"), ("ne", "not_equal"), ("lt", "less"),
+                        ("le", "less_equal"), ("gt", "greater"), ("ge", "greater_equal")):
+    _binary(_name, (lambda f: lambda xp, x, y: getattr(xp, f)(x, y))(_np_name),
+            (lambda n: lambda b, x, y: b.cmp(n, x, y))(_name), allowed="all", out_dtype="bool",
+            doc=f"x {_name} y, elementwise (bool)")
+
+for _name in ("logical_and", "logical_or", "logical_xor"):
+    _binary(_name, (lambda f: lambda xp, x, y: getattr(xp, f)(x, y))(_name),
+            (lambda n: lambda b, x, y: getattr(b, n)(x, y))(_name), allowed="all",
+            out_dtype="bool")
+
+
+# ---------------------------------------------------------------- where and clip
+def _where_infer(cond, x, y):
+    shape = broadcast_shapes(_shape(cond), _shape(x), _shape(y), op="where")
+    return Spec(shape, result_dtype(_as_operand(x), _as_operand(y)))
+
+
+def _where_grad(F, i, out, g):
+    cond, x, y = i
+    gx = None if is_scalar(x) else sum_to(F, F.where(cond, g, 0.0), x.shape)
+    gy = None if is_scalar(y) else sum_to(F, F.where(cond, 0.0, g), y.shape)
+    return (None, gx, gy)
+
+
+def _where_impl(xp, cond, x, y):
+    return xp.where(cond, x, y)
+
+
+register("where", "elementwise", infer=_where_infer, impl=_where_impl,
+         scalar=lambda b, c, x, y: b.select(c, x, y), grad=_where_grad,
+         doc="x where cond else y")
+
+
+def _clip_infer(x, a_min=None, a_max=None):
+    check_dtype("clip", "x", _dt(x), "numeric")
+    if a_min is None and a_max is None:
+        raise OpError("clip: give a_min, a_max or both")
+    return Spec(_shape(x), _dt(x))
+
+
+def _clip_impl(xp, x, a_min=None, a_max=None):
+    return xp.clip(x, a_min, a_max).astype(x.dtype, copy=False)
+
+
+def _clip_scalar(b, x, a_min=None, a_max=None):
+    if a_min is not None:
+        x = b.max(x, b.const(a_min))
+    if a_max is not None:
+        x = b.min(x, b.const(a_max))
+    return x
+
+
+def _clip_grad(F, i, out, g, a_min=None, a_max=None):
+    x = i[0]
+    inside = F.eq(x, out)
+    return (F.where(inside, g, 0.0),)
+
+
+register("clip", "elementwise", infer=_clip_infer, impl=_clip_impl, scalar=_clip_scalar,
+         grad=_clip_grad, attrs=("a_min", "a_max"), doc="x limited to [a_min, a_max]")

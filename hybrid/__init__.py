@@ -1,0 +1,17 @@
+"""hybrid: write models imperatively, hybridize them into compiled graphs.
+
+    import hybrid as hb
+    x = hb.array([[1, 2], [3, 4]])
+    y = hb.tanh(x @ x.T) + 1        # returns at once; computed on the engine
+    print(y)                        # a sync point
+"""
+from runtime.device import Device, DeviceError, cpu, gpu, num_gpus, current_device
+from runtime.engine import AsyncOpError, WaitTimeout
+
+from . import _state, autograd, config, npx, random
+from .ndarray import *  # noqa: F401,F403 - NumPy-named functions
+from .ndarray import NDArray, apply, array, asarray, waitall
+from .benchmark import Benchmark
+
+__version__ = "0.1.0"
+np = __import__("sys").modules[__name__]  # `hb.np.tanh` reads like MXNet's `mx.np.tanh`

@@ -1,0 +1,654 @@
+"""NDArray: a NumPy-like array whose every op is pushed to the engine and returns at once.
+
+``apply(name, args, attrs)`` is the one door from the front end to the op registry: eagerly it
+infers the output types, pushes the op with its reads and writes, and records it on the
+autograd tape; while a hybridize trace is active it builds graph nodes instead.
+"""
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from compiler.ops import REGISTRY, OpError, dtype_name, eager_apply, infer_types, is_scalar
+from runtime import engine as _engine_mod
+from runtime.device import Device, current_device, parse_device
+from runtime.memory import Buffer
+
+from . import _state
+from ._where import user_frame
+
+_DTYPES = {}
+
+
+def np_dtype(name: str) -> np.dtype:
+    d = _DTYPES.get(name)
+    if d is None:
+        d = _DTYPES[name] = np.dtype(name)
+    return d
+
+
+_INLINE_MAX = 1 << 14  # elements: smaller ops may run in the caller when their device is idle
+
+
+class NDArray:
+    """An n-dimensional array on a device, computed asynchronously."""
+
+    __slots__ = ("_buf", "shape", "_dtype", "device", "_node", "_grad", "_grad_req",
+                 "__weakref__")
+    __array_priority__ = 100  # numpy scalars/arrays defer to our operators
+
+    def __init__(self, buf: Buffer, shape, dtype: str, device: Device):
+        self._buf = buf
+        self.shape = tuple(shape)
+        self._dtype = dtype
+        self.device = device
+        self._node = None
+        self._grad = None
+        self._grad_req = "null"
+
+    # ------------------------------------------------------------ properties
+    @property
+    def dtype(self) -> np.dtype:
+        return np_dtype(self._dtype)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def T(self):
+        return self.transpose()
+
+    @property
+    def ctx(self):  # MXNet's name
+        return self.device
+
+    @property
+    def context(self):
+        return self.device
+
+    # ------------------------------------------------------------ sync points
+    def wait_to_read(self, timeout: float | None = None):
+        """Block until this array's value is computed (raises if its computation failed)."""
+        _engine_mod.get_engine().wait(self._buf.var, timeout)
+        return self
+
+    def _raw(self):
+        self.wait_to_read()
+        return self._buf.data
+
+    def asnumpy(self) -> np.ndarray:
+        data = self._raw()
+        if isinstance(data, np.ndarray):
+            return data.copy()
+        return data.get()  # cupy
+
+    def item(self):
+        if self.size != 1:
+            raise ValueError(f"item(): only an array of one element converts to a Python "
+                             f"scalar, this one has shape {self.shape}")
+        return self.asnumpy().reshape(()).item()
+
+    def __array__(self, dtype=None, copy=None):
+        a = self.asnumpy()
+        return a.astype(dtype) if dtype is not None else a
+
+    def tolist(self):
+        return self.asnumpy().tolist()
+
+    def __bool__(self):
+        if self.size != 1:
+            raise ValueError(f"the truth value of an array with {self.size} elements is "
+                             "ambiguous; use .any() or .all()")
+        return bool(self.item())
+
+    def __float__(self):
+        return float(self.item())
+
+    def __int__(self):
+        return int(self.item())
+
+    def __index__(self):
+        if self._dtype not in ("int8", "uint8", "int32", "int64"):
+            raise TypeError(f"only integer arrays can be used as an index, not {self._dtype}")
+        return int(self.item())
+
+    def __len__(self):
+        if not self.shape:
+            raise TypeError("len() of a 0-d array")
+        return self.shape[0]
+
+    def __iter__(self):
+        if not self.shape:
+            raise TypeError("iteration over a 0-d array")
+        for i in range(self.shape[0]):
+            yield self[i]
+
+    def __repr__(self):
+        body = np.array2string(self.asnumpy(), separator=", ", prefix="array(")
+        extra = "" if self._dtype == "float32" else f", dtype={self._dtype}"
+        dev = "" if self.device == current_device() else f", device={self.device}"
+        return f"array({body}{extra}{dev})"
+
+    def __str__(self):
+        return str(self.asnumpy())
+
+    def __hash__(self):
+        return id(self)
+
+    def __reduce__(self):
+        raise TypeError("hybrid arrays are not picklable: save them with hb.save() "
+                        "(safetensors) or convert with asnumpy()")
+
+    # ------------------------------------------------------------ conversions
+    def astype(self, dtype, copy=True):
+        name = dtype_name(dtype)
+        if name == self._dtype and not copy:
+            return self
+        return apply("cast", (self,), {"dtype": name})
+
+    def copy(self):
+        return apply("copy", (self,), {})
+
+    def copyto(self, other):
+        """A copy on device ``other``, or a copy into the existing array ``other``."""
+        if isinstance(other, NDArray):
+            if other.shape != self.shape:
+                raise ValueError(f"copyto: destination has shape {other.shape}, source "
+                                 f"{self.shape}")
+            src = self if other.device == self.device else _transfer(self, other.device)
+            if src._dtype != other._dtype:
+                src = src.astype(other._dtype)
+            other._rebind(src if src is not self else self.copy())
+            return other
+        return _transfer(self, parse_device(other))
+
+    def to(self, device, non_blocking: bool = False):
+        """This array on ``device`` (a copy; the same array if already there)."""
+        device = parse_device(device)
+        if device == self.device:
+            return self
+        out = _transfer(self, device)
+        if not non_blocking:
+            out.wait_to_read()
+        return out
+
+    as_in_context = to
+    as_in_ctx = to
+
+    def as_np_ndarray(self):
+        return self
+
+    def _rebind(self, new: "NDArray"):
+        """In-place update: this array now holds ``new``'s value (SSA renaming)."""
+        if _state.tracing():
+            from .tracing import inplace_rebind  # noqa: PLC0415 - tracing imports us
+            inplace_rebind(self, new)
+            return
+        if self._grad_req != "null" and _state.is_recording():
+            raise RuntimeError(
+                "in-place update of an array with an attached gradient while recording: "
+                "autograd cannot differentiate through it; write `x = x + v` instead of "
+                f"`x += v` (at {_fmt(user_frame())})")
+        self._buf = new._buf
+        self._node = new._node
+
+    # ------------------------------------------------------------ autograd
+    def attach_grad(self, grad_req: str = "write", stype=None):
+        """Allocate a gradient buffer; ``backward`` writes (or adds) into ``self.grad``."""
+        if grad_req not in ("write", "add", "null"):
+            raise ValueError(f"grad_req must be 'write', 'add' or 'null', got {grad_req!r}")
+        self._grad_req = grad_req
+        self._grad = zeros(self.shape, dtype=self._dtype, device=self.device) \
+            if grad_req != "null" else None
+        self._node = None
+        return self
+
+    @property
+    def grad(self):
+        return self._grad
+
+    def detach(self):
+        out = NDArray(self._buf, self.shape, self._dtype, self.device)
+        return out
+
+    def backward(self, out_grad=None, retain_graph: bool = False, train_mode: bool = True):
+        from . import autograd  # noqa: PLC0415 - autograd imports this module
+        autograd.backward([self], [out_grad], retain_graph=retain_graph, train_mode=train_mode)
+
+    # ------------------------------------------------------------ operators
+    def __add__(self, o): return apply("add", (self, o), {})
+    def __radd__(self, o): return apply("add", (o, self), {})
+    def __sub__(self, o): return apply("sub", (self, o), {})
+    def __rsub__(self, o): return apply("sub", (o, self), {})
+    def __mul__(self, o): return apply("mul", (self, o), {})
+    def __rmul__(self, o): return apply("mul", (o, self), {})
+    def __truediv__(self, o): return apply("div", (self, o), {})
+    def __rtruediv__(self, o): return apply("div", (o, self), {})
+    def __floordiv__(self, o): return apply("floordiv", (self, o), {})
+    def __rfloordiv__(self, o): return apply("floordiv", (o, self), {})
+    def __mod__(self, o): return apply("mod", (self, o), {})
+    def __rmod__(self, o): return apply("mod", (o, self), {})
+    def __pow__(self, o): return apply("pow", (self, o), {})
+    def __rpow__(self, o): return apply("pow", (o, self), {})
+    def __matmul__(self, o): return matmul(self, o)
+    def __rmatmul__(self, o): return matmul(o, self)
+    def __neg__(self): return apply("neg", (self,), {})
+    def __pos__(self): return self
+    def __abs__(self): return apply("abs", (self,), {})
+    def __invert__(self): return apply("logical_not", (self,), {})
+    def __and__(self, o): return apply("logical_and", (self, o), {})
+    def __or__(self, o): return apply("logical_or", (self, o), {})
+    def __xor__(self, o): return apply("logical_xor", (self, o), {})
+    def __eq__(self, o): return apply("eq", (self, o), {})  # noqa: D105
+    def __ne__(self, o): return apply("ne", (self, o), {})
+    def __lt__(self, o): return apply("lt", (self, o), {})
+    def __le__(self, o): return apply("le", (self, o), {})
+    def __gt__(self, o): return apply("gt", (self, o), {})
+    def __ge__(self, o): return apply("ge", (self, o), {})
+
+    def _inplace(self, name, o):
+        self._rebind(apply(name, (self, o), {}))
+        return self
+
+    def __iadd__(self, o): return self._inplace("add", o)
+    def __isub__(self, o): return self._inplace("sub", o)
+    def __imul__(self, o): return self._inplace("mul", o)
+    def __itruediv__(self, o): return self._inplace("div", o)
+    def __ifloordiv__(self, o): return self._inplace("floordiv", o)
+    def __imod__(self, o): return self._inplace("mod", o)
+    def __ipow__(self, o): return self._inplace("pow", o)
+
+    def __getitem__(self, key):
+        from .indexing import getitem  # noqa: PLC0415 - indexing imports this module
+        return getitem(self, key)
+
+    def __setitem__(self, key, value):
+        from .indexing import setitem  # noqa: PLC0415
+        setitem(self, key, value)
+
+    # ------------------------------------------------------------ methods
+    def reshape(self, *shape, **kw):
+        shape = kw.pop("shape", shape[0] if len(shape) == 1 and not isinstance(
+            shape[0], numbers.Integral) else shape)
+        return reshape(self, shape)
+
+    def transpose(self, *axes):
+        axes = axes[0] if len(axes) == 1 and not isinstance(axes[0], numbers.Integral) else axes
+        return transpose(self, axes or None)
+
+    def sum(self, axis=None, keepdims=False): return sum(self, axis, keepdims=keepdims)
+    def mean(self, axis=None, keepdims=False): return mean(self, axis, keepdims=keepdims)
+    def max(self, axis=None, keepdims=False): return max(self, axis, keepdims=keepdims)
+    def min(self, axis=None, keepdims=False): return min(self, axis, keepdims=keepdims)
+    def prod(self, axis=None, keepdims=False): return prod(self, axis, keepdims=keepdims)
+    def argmax(self, axis=None, keepdims=False): return argmax(self, axis, keepdims=keepdims)
+    def argmin(self, axis=None, keepdims=False): return argmin(self, axis, keepdims=keepdims)
+    def var(self, axis=None, keepdims=False, ddof=0): return var(self, axis, keepdims=keepdims, ddof=ddof)
+    def std(self, axis=None, keepdims=False, ddof=0): return std(self, axis, keepdims=keepdims, ddof=ddof)
+    def any(self, axis=None, keepdims=False): return sum(self.astype("bool"), axis, keepdims=keepdims) > 0
+    def all(self, axis=None, keepdims=False): return min(self.astype("int32"), axis, keepdims=keepdims) > 0
+    def flatten(self): return reshape(self, (-1,))
+    def squeeze(self, axis=None): return squeeze(self, axis)
+    def expand_dims(self, axis): return expand_dims(self, axis)
+    def swapaxes(self, a, b): return swapaxes(self, a, b)
+    def broadcast_to(self, shape): return broadcast_to(self, shape)
+    def clip(self, a_min=None, a_max=None): return clip(self, a_min, a_max)
+    def exp(self): return exp(self)
+    def log(self): return log(self)
+    def sqrt(self): return sqrt(self)
+    def abs(self): return abs(self)
+    def square(self): return square(self)
+    def tanh(self): return tanh(self)
+    def sigmoid(self): return sigmoid(self)
+    def relu(self): return relu(self)
+    def sign(self): return sign(self)
+    def dot(self, o): return dot(self, o)
+    def take(self, indices, axis=0, mode="clip"): return take(self, indices, axis, mode)
+    def tile(self, reps): return tile(self, reps)
+    def repeat(self, repeats, axis=None): return repeat(self, repeats, axis)
+    def zeros_like(self): return zeros_like(self)
+    def ones_like(self): return ones_like(self)
+
+
+def _fmt(where):
+    return f"{where[0]}:{where[1]}" if where else "?"
+
+
+# ============================================================== the one door
+def apply(name: str, args, attrs: dict):
+    """Apply registry op ``name``: eagerly on the engine, or into the active trace."""
+    if _state.tracing():
+        from .tracing import trace_apply  # noqa: PLC0415
+        return trace_apply(name, args, attrs)
+    return _eager(name, args, attrs)
+
+
+def _eager(name, args, attrs):
+    device = None
+    for a in args:
+        if isinstance(a, NDArray):
+            if device is None:
+                device = a.device
+            elif a.device != device:
+                raise ValueError(
+                    f"{name}: arguments are on different devices ({device} and {a.device}); "
+                    f"move one with .copyto(device) or .to(device) "
+                    f"(at {_fmt(user_frame())})")
+        elif not is_scalar(a):
+            raise TypeError(f"{name}: arguments must be hybrid arrays or Python numbers, got "
+                            f"{type(a).__name__} (wrap NumPy data with hb.array) "
+                            f"(at {_fmt(user_frame())})")
+    device = device or current_device()
+    try:
+        specs = infer_types(name, args, attrs)
+    except OpError as exc:
+        raise OpError(f"{exc} (at {_fmt(user_frame())})") from None
+    outs = [NDArray(Buffer(), s.shape, s.dtype, device) for s in specs]
+    bufs = [a._buf if isinstance(a, NDArray) else a for a in args]
+    out_bufs = [o._buf for o in outs]
+    xp = device.xp
+
+    def run():
+        raw = [b.data if isinstance(b, Buffer) else b for b in bufs]
+        for ob, r in zip(out_bufs, eager_apply(xp, name, raw, attrs, specs)):
+            ob.data = r
+
+    small = outs[0].size <= _INLINE_MAX and REGISTRY[name].kind != "extern"
+    _engine_mod.get_engine().push(
+        run, tuple(b.var for b in bufs if isinstance(b, Buffer)),
+        tuple(b.var for b in out_bufs), device, name, user_frame(), small)
+    if _state.is_recording():
+        from .autograd import record_op  # noqa: PLC0415
+        record_op(name, args, attrs, outs)
+    return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def _transfer(x: NDArray, device: Device) -> NDArray:
+    """A copy of x on another device, as an engine op (overlaps with compute)."""
+    if _state.tracing():
+        raise RuntimeError("moving arrays between devices inside a hybridized forward is not "
+                           "supported; move inputs before calling the block")
+    out = NDArray(Buffer(), x.shape, x._dtype, device)
+    src, dst = x._buf, out._buf
+
+    def run():
+        data = src.data
+        if device.kind == "cpu":
+            dst.data = data.get() if hasattr(data, "get") else np.array(data, copy=True)
+        else:
+            xp = device.xp
+            with xp.cuda.Device(device.index):
+                dst.data = xp.asarray(data)
+
+    eng = _engine_mod.get_engine()
+    eng.push(run, (src.var,), (dst.var,), device if device.kind == "gpu" else x.device,
+             "copyto", user_frame())
+    if _state.is_recording() and (x._node is not None or x._grad_req != "null"):
+        from .autograd import record_custom  # noqa: PLC0415
+        record_custom("copyto", [x], [out], lambda gs: [_transfer(gs[0], x.device)])
+    return out
+
+
+# ============================================================== creation
+def _from_numpy(data: np.ndarray, device: Device) -> NDArray:
+    out = NDArray(Buffer(), data.shape, data.dtype.name, device)
+    if device.kind == "cpu":
+        out._buf.data = data
+    else:
+        buf = out._buf
+        _engine_mod.get_engine().push(lambda: setattr(buf, "data", device.xp.asarray(data)),
+                                      (), (buf.var,), device, "array")
+    return out
+
+
+def array(obj, dtype=None, device=None, ctx=None) -> NDArray:
+    """A new array from a list, NumPy array or hybrid array (float32 by default for floats)."""
+    device = parse_device(device or ctx)
+    if isinstance(obj, NDArray):
+        out = obj.copyto(device) if obj.device != device else obj.copy()
+        return out.astype(dtype) if dtype is not None else out
+    from_numpy = isinstance(obj, (np.ndarray, np.generic))
+    data = np.asarray(obj.get() if hasattr(obj, "get") and not from_numpy else obj)
+    if dtype is None:
+        # MXNet's rule: Python data is float32 by default; NumPy data keeps its kind
+        if data.dtype == bool:
+            dtype = "bool"
+        elif not from_numpy or data.dtype.kind == "f" and data.dtype != np.float16:
+            dtype = "float32"
+        elif data.dtype.kind in "iu" and data.dtype.name not in ("int8", "uint8", "int32",
+                                                                 "int64"):
+            dtype = "int64"
+        else:
+            dtype = data.dtype.name
+    name = dtype_name(dtype)
+    return _from_numpy(np.array(data, dtype=name, copy=True), device)
+
+
+def asarray(obj, dtype=None, device=None) -> NDArray:
+    if isinstance(obj, NDArray) and (dtype is None or dtype_name(dtype) == obj._dtype) and \
+            (device is None or parse_device(device) == obj.device):
+        return obj
+    return array(obj, dtype=dtype, device=device)
+
+
+def full(shape, fill_value, dtype=None, device=None, ctx=None) -> NDArray:
+    shape = (shape,) if isinstance(shape, numbers.Integral) else tuple(int(s) for s in shape)
+    device = parse_device(device or ctx)
+    if dtype is None:
+        dtype = "float32" if isinstance(fill_value, float) or not is_scalar(fill_value) \
+            else ("bool" if isinstance(fill_value, bool) else "float32")
+    with device:
+        return apply("full", (), {"shape": shape, "value": fill_value,
+                                  "dtype": dtype_name(dtype)})
+
+
+def zeros(shape, dtype=None, device=None, ctx=None) -> NDArray:
+    return full(shape, 0, dtype or "float32", device or ctx)
+
+
+def ones(shape, dtype=None, device=None, ctx=None) -> NDArray:
+    return full(shape, 1, dtype or "float32", device or ctx)
+
+
+def empty(shape, dtype=None, device=None, ctx=None) -> NDArray:
+    return zeros(shape, dtype, device or ctx)
+
+
+def zeros_like(x, dtype=None): return zeros(x.shape, dtype or x._dtype, x.device)
+def ones_like(x, dtype=None): return ones(x.shape, dtype or x._dtype, x.device)
+def full_like(x, v, dtype=None): return full(x.shape, v, dtype or x._dtype, x.device)
+def empty_like(x, dtype=None): return zeros_like(x, dtype)
+
+
+def arange(start, stop=None, step=1, dtype=None, device=None, ctx=None) -> NDArray:
+    if stop is None:
+        start, stop = 0, start
+    if dtype is None:
+        dtype = "int64" if all(isinstance(v, numbers.Integral) for v in (start, stop, step)) \
+            else "float32"
+    with parse_device(device or ctx):
+        return apply("arange", (), {"start": start, "stop": stop, "step": step,
+                                    "dtype": dtype_name(dtype)})
+
+
+def linspace(start, stop, num=50, endpoint=True, dtype=None, device=None) -> NDArray:
+    return array(np.linspace(start, stop, num, endpoint=endpoint), dtype=dtype or "float32",
+                 device=device)
+
+
+def eye(n, m=None, k=0, dtype=None, device=None) -> NDArray:
+    return array(np.eye(n, m, k), dtype=dtype or "float32", device=device)
+
+
+# ============================================================== functions
+from compiler.ops import composite as _composite  # noqa: E402
+from compiler.ops.core import OpNamespace  # noqa: E402
+
+F = OpNamespace(apply)
+
+
+def _unary_fn(name):
+    def fn(x):
+        return apply(name, (x,), {})
+    fn.__name__ = name
+    fn.__doc__ = REGISTRY[name].doc or f"elementwise {name}"
+    return fn
+
+
+for _n in ("exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "square", "sin", "cos", "tanh",
+           "sigmoid", "relu", "abs", "sign", "floor", "ceil", "round", "erf", "logical_not"):
+    globals()[_n] = _unary_fn(_n)
+absolute = abs  # noqa: F821 - defined just above
+negative = _unary_fn("neg")
+stop_gradient = _unary_fn("stop_gradient")
+
+
+def _binary_fn(name):
+    def fn(x, y):
+        return apply(name, (x, y), {})
+    fn.__name__ = name
+    return fn
+
+
+for _n, _op in (("add", "add"), ("subtract", "sub"), ("multiply", "mul"), ("divide", "div"),
+                ("true_divide", "div"), ("floor_divide", "floordiv"), ("mod", "mod"),
+                ("power", "pow"), ("maximum", "maximum"), ("minimum", "minimum"),
+                ("equal", "eq"), ("not_equal", "ne"), ("less", "lt"), ("less_equal", "le"),
+                ("greater", "gt"), ("greater_equal", "ge"), ("logical_and", "logical_and"),
+                ("logical_or", "logical_or"), ("logical_xor", "logical_xor")):
+    globals()[_n] = _binary_fn(_op)
+
+
+def where(cond, x, y):
+    return apply("where", (cond, x, y), {})
+
+
+def clip(x, a_min=None, a_max=None):
+    return apply("clip", (x,), {"a_min": a_min, "a_max": a_max})
+
+
+def _reduction(name):
+    def fn(x, axis=None, keepdims=False):
+        return apply(name, (x,), {"axis": axis, "keepdims": bool(keepdims)})
+    fn.__name__ = name
+    return fn
+
+
+sum = _reduction("sum")  # noqa: A001 - NumPy's names
+prod = _reduction("prod")
+max = _reduction("max")  # noqa: A001
+min = _reduction("min")  # noqa: A001
+amax, amin = max, min
+
+
+def argmax(x, axis=None, keepdims=False):
+    return apply("argmax", (x,), {"axis": axis, "keepdims": bool(keepdims)})
+
+
+def argmin(x, axis=None, keepdims=False):
+    return apply("argmin", (x,), {"axis": axis, "keepdims": bool(keepdims)})
+
+
+def mean(x, axis=None, keepdims=False):
+    return _composite.mean(F, x, axis=axis, keepdims=keepdims)
+
+
+def var(x, axis=None, keepdims=False, ddof=0):
+    return _composite.var(F, x, axis=axis, keepdims=keepdims, ddof=ddof)
+
+
+def std(x, axis=None, keepdims=False, ddof=0):
+    return _composite.std(F, x, axis=axis, keepdims=keepdims, ddof=ddof)
+
+
+def matmul(a, b):
+    """NumPy's matmul: 1-D operands are promoted to matrices and the extra axis dropped."""
+    a = a if isinstance(a, NDArray) or _state.tracing() else asarray(a)
+    b = b if isinstance(b, NDArray) or _state.tracing() else asarray(b)
+    a1, b1 = a.ndim == 1, b.ndim == 1
+    if a.ndim == 0 or b.ndim == 0:
+        raise ValueError("matmul: operands must not be 0-d (use * for scalars)")
+    if a1:
+        a = reshape(a, (1, a.shape[0]))
+    if b1:
+        b = reshape(b, (b.shape[0], 1))
+    out = apply("matmul", (a, b), {})
+    if a1 and b1:
+        return reshape(out, ())
+    if a1:
+        return reshape(out, out.shape[:-2] + out.shape[-1:])
+    if b1:
+        return reshape(out, out.shape[:-1])
+    return out
+
+
+def dot(a, b):
+    """NumPy's dot for 0-2-D operands (the book's uses); higher ranks follow matmul."""
+    if a.ndim == 0 or b.ndim == 0:
+        return a * b
+    return matmul(a, b)
+
+
+def reshape(x, shape):
+    shape = (shape,) if isinstance(shape, numbers.Integral) else tuple(shape)
+    return apply("reshape", (x,), {"shape": shape})
+
+
+def transpose(x, axes=None):
+    return apply("transpose", (x,), {"axes": None if axes is None else tuple(axes)})
+
+
+def broadcast_to(x, shape):
+    return apply("broadcast_to", (x,), {"shape": tuple(shape)})
+
+
+def concatenate(arrays, axis=0):
+    return apply("concatenate", tuple(arrays), {"axis": axis})
+
+
+concat = concatenate
+
+
+def expand_dims(x, axis): return _composite.expand_dims(F, x, axis)
+def squeeze(x, axis=None): return _composite.squeeze(F, x, axis)
+def swapaxes(x, a, b): return _composite.swapaxes(F, x, a, b)
+def stack(arrays, axis=0): return _composite.stack(F, list(arrays), axis)
+def split(x, indices_or_sections, axis=0): return _composite.split(F, x, indices_or_sections, axis)
+def tile(x, reps): return _composite.tile(F, x, reps)
+def repeat(x, repeats, axis=None): return _composite.repeat(F, x, repeats, axis)
+def flatten(x): return _composite.flatten(F, x)
+def softmax(x, axis=-1): return _composite.softmax(F, x, axis)
+def log_softmax(x, axis=-1): return _composite.log_softmax(F, x, axis)
+
+
+def one_hot(indices, depth, on_value=1.0, off_value=0.0, dtype="float32"):
+    return _composite.one_hot(F, indices, depth, on_value, off_value, dtype_name(dtype))
+
+
+def take(x, indices, axis=0, mode="clip"):
+    if not isinstance(indices, NDArray) and not _state.tracing():
+        indices = array(indices, dtype="int64", device=x.device)
+    return apply("take", (x, indices), {"axis": axis, "mode": mode})
+
+
+def pick(x, index, axis=-1, keepdims=False):
+    return apply("pick", (x, index), {"axis": axis, "keepdims": keepdims})
+
+
+def waitall(timeout: float | None = None):
+    """Block until every queued op is done; raises the first failure not yet raised."""
+    _engine_mod.get_engine().wait_all(timeout)
+
+
+
+
+__all__ = ['NDArray', 'array', 'asarray', 'full', 'zeros', 'ones', 'empty', 'zeros_like', 'ones_like', 'full_like', 'empty_like', 'arange', 'linspace', 'eye', 'exp', 'log', 'log1p', 'expm1', 'sqrt', 'rsqrt', 'square', 'sin', 'cos', 'tanh', 'sigmoid', 'relu', 'abs', 'absolute', 'sign', 'floor', 'ceil', 'round', 'erf', 'logical_not', 'negative', 'stop_gradient', 'add', 'subtract', 'multiply', 'divide', 'true_divide', 'floor_divide', 'mod', 'power', 'maximum', 'minimum', 'equal', 'not_equal', 'less', 'less_equal', 'greater', 'greater_equal', 'logical_and', 'logical_or', 'logical_xor', 'where', 'clip', 'sum', 'prod', 'max', 'min', 'amax', 'amin', 'argmax', 'argmin', 'mean', 'var', 'std', 'matmul', 'dot', 'reshape', 'transpose', 'broadcast_to', 'concatenate', 'concat', 'expand_dims', 'squeeze', 'swapaxes', 'stack', 'split', 'tile', 'repeat', 'flatten', 'softmax', 'log_softmax', 'one_hot', 'take', 'pick', 'waitall']

@@ -1,0 +1,92 @@
+"""Random numbers, deterministic per seed and per device (hb.random.seed).
+
+Draws are counter-based (compiler/ops/random.py): each call takes the next key of its
+device's stream, so results do not depend on thread timing or on other devices' draws.
+"""
+from __future__ import annotations
+
+import numbers
+import threading
+
+import numpy as np
+
+from runtime.device import parse_device
+
+from .ndarray import NDArray, apply, array
+
+_lock = threading.Lock()
+_seed = [np.random.SeedSequence().entropy % (1 << 62)]
+_counters: dict = {}
+
+
+def seed(seed_state: int, device=None):
+    """Seed the streams (all devices, or just ``device``)."""
+    with _lock:
+        if device is None:
+            _seed[0] = int(seed_state) % (1 << 62)
+            _counters.clear()
+        else:
+            _counters[parse_device(device)] = int(seed_state) * 1_000_003 % (1 << 62)
+
+
+def next_key(device) -> int:
+    """The next 62-bit key of ``device``'s stream."""
+    device = parse_device(device)
+    with _lock:
+        n = _counters.get(device)
+        if n is None:
+            n = (_seed[0] * 6364136223846793005 + (device.index + 1) * 1442695040888963407
+                 + (0 if device.kind == "cpu" else 7)) % (1 << 62)
+        _counters[device] = (n + 0x9E3779B97F4A7C15) % (1 << 62)
+    return n
+
+
+def key_array(device) -> NDArray:
+    return array(np.int64(next_key(device)), dtype="int64", device=device)
+
+
+def _shape(size):
+    if size is None:
+        return ()
+    return (size,) if isinstance(size, numbers.Integral) else tuple(size)
+
+
+def uniform(low=0.0, high=1.0, size=None, dtype=None, device=None, ctx=None):
+    device = parse_device(device or ctx)
+    with device:
+        return apply("random_uniform", (key_array(device),),
+                     {"shape": _shape(size), "low": float(low), "high": float(high),
+                      "dtype": dtype or "float32"})
+
+
+def normal(loc=0.0, scale=1.0, size=None, dtype=None, device=None, ctx=None):
+    device = parse_device(device or ctx)
+    with device:
+        return apply("random_normal", (key_array(device),),
+                     {"shape": _shape(size), "loc": float(loc), "scale": float(scale),
+                      "dtype": dtype or "float32"})
+
+
+def randint(low, high=None, size=None, dtype=None, device=None, ctx=None):
+    if high is None:
+        low, high = 0, low
+    device = parse_device(device or ctx)
+    with device:
+        return apply("random_randint", (key_array(device),),
+                     {"shape": _shape(size), "low": int(low), "high": int(high),
+                      "dtype": dtype or "int64"})
+
+
+def shuffle(x: NDArray) -> None:
+    """Permute x along its first axis, in place (like numpy.random.shuffle)."""
+    perm = permutation(x.shape[0], device=x.device)
+    x._rebind(x[array(perm, dtype="int64", device=x.device)])
+
+
+def permutation(n: int, device=None) -> np.ndarray:
+    """A permutation of range(n) drawn from the stream (a NumPy array, for data loaders)."""
+    return np.argsort(np.asarray(uniform(size=(n,), device=device, dtype="float64")),
+                      kind="stable")
+
+
+rand = uniform
