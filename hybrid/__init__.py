@@ -15,3 +15,4 @@ from .benchmark import Benchmark
 
 __version__ = "0.1.0"
 np = __import__("sys").modules[__name__]  # `hb.np.tanh` reads like MXNet's `mx.np.tanh`
+from .tracing import TraceError, explain, hybridize

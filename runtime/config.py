@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import sys
 from pathlib import Path
@@ -17,17 +18,50 @@ from typing import Any, Callable
 @dataclasses.dataclass(frozen=True)
 class Flag:
     name: str
-    parse: Callable[[str], Any]
+    parse: Callable[[Any], Any]  # the environment's text, or a Python value (set_flag)
     default: Any
     help: str
 
 
-def _bool(text: str) -> bool:
-    return text.strip().lower() in ("1", "true", "yes", "on")
+def _bool(value) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected 1/0, true/false, yes/no or on/off, got {value!r}")
 
 
-def _channels(text: str) -> frozenset:
-    return frozenset(c.strip() for c in text.split(",") if c.strip())
+def _channels(value) -> frozenset:
+    items = value.split(",") if isinstance(value, str) else value
+    return frozenset(str(c).strip() for c in items if str(c).strip())
+
+
+def _positive_int(value) -> int:
+    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+        raise ValueError(f"expected a positive integer, got {value!r}")
+    n = int(value)
+    if n < 1:
+        raise ValueError(f"expected a positive integer, got {value!r}")
+    return n
+
+
+def _seconds(value) -> float:
+    if isinstance(value, bool):
+        raise ValueError(f"expected a positive number of seconds, got {value!r}")
+    x = float(value)
+    if not 0 < x < math.inf:
+        raise ValueError(f"expected a positive, finite number of seconds, got {value!r}")
+    return x
+
+
+def _engine_mode(value) -> str:
+    text = str(value).strip().lower()
+    if text not in ("threaded", "naive"):
+        raise ValueError(f"expected 'threaded' or 'naive', got {value!r}")
+    return text
 
 
 def _default_cache_dir() -> str:
@@ -36,14 +70,14 @@ def _default_cache_dir() -> str:
 
 
 FLAGS = {f.name: f for f in [
-    Flag("HYBRID_ENGINE", str, "threaded",
+    Flag("HYBRID_ENGINE", _engine_mode, "threaded",
          "'threaded' runs ops on per-device worker threads; 'naive' runs every op "
          "synchronously in the caller (for debugging; same results)."),
-    Flag("HYBRID_ENGINE_WINDOW", int, 4096,
+    Flag("HYBRID_ENGINE_WINDOW", _positive_int, 4096,
          "Most ops in flight at once; a front end further ahead blocks (back-pressure)."),
-    Flag("HYBRID_WAIT_TIMEOUT", float, 600.0,
+    Flag("HYBRID_WAIT_TIMEOUT", _seconds, 600.0,
          "Seconds a sync point waits before it raises, naming what is still pending."),
-    Flag("HYBRID_CPU_WORKERS", int, 1,
+    Flag("HYBRID_CPU_WORKERS", _positive_int, 1,
          "Worker threads per CPU device."),
     Flag("HYBRID_INLINE", _bool, True,
          "Run a small op in the caller when its inputs are ready and its device is idle."),
@@ -72,8 +106,8 @@ def _load(name: str) -> Any:
         return flag.default
     try:
         return flag.parse(raw)
-    except ValueError as exc:
-        raise ValueError(f"{name}={raw!r} is not valid: {flag.help}") from exc
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{name}={raw!r} is not valid ({exc}): {flag.help}") from exc
 
 
 def get(name: str) -> Any:
@@ -88,10 +122,33 @@ def get(name: str) -> Any:
 
 
 def set_flag(name: str, value: Any) -> Any:
-    """Set a flag for this process; returns the previous value."""
-    old = get(name)
+    """Set a flag for this process; returns the previous value.
+
+    ``value`` is checked like the environment's text ("0" turns a switch off); None restores
+    the default.
+    """
+    if name not in FLAGS:
+        raise KeyError(f"unknown flag {name!r}; known flags: {', '.join(FLAGS)}")
+    flag = FLAGS[name]
+    if value is None:
+        value = flag.default
+    else:
+        try:
+            value = flag.parse(value)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{name}={value!r} is not valid ({exc}): {flag.help}") from None
+    try:
+        old = get(name)
+    except ValueError:  # a bad value in the environment: setting the flag replaces it
+        old = None
     _values[name] = value
+    if name == "HYBRID_LOG":  # loggers made before take the new channels now
+        for channel, log in _loggers.items():
+            log.setLevel(logging.INFO if log_enabled(channel) else logging.WARNING)
     return old
+
+
+_loggers: dict[str, logging.Logger] = {}
 
 
 def cache_dir() -> Path:
@@ -112,6 +169,7 @@ def logger(channel: str) -> logging.Logger:
         log.addHandler(handler)
         log.propagate = False
         log._hybrid_ready = True
+        _loggers[channel] = log
     log.setLevel(logging.INFO if log_enabled(channel) else logging.WARNING)
     return log
 

@@ -99,7 +99,7 @@ def parse_device(spec) -> Device:
     if isinstance(spec, str):
         text = spec.strip().lower().replace("(", ":").rstrip(")")
         kind, _, idx = text.partition(":")
-        if kind in ("cpu", "gpu", "cuda"):
+        if kind in ("cpu", "gpu", "cuda") and (not idx or idx.strip().isdigit()):
             return Device("gpu" if kind == "cuda" else kind, int(idx) if idx else 0)
     raise ValueError(f"device must be hb.cpu(i), hb.gpu(i) or a string like 'cpu:0', got {spec!r}")
 

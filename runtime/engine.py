@@ -88,7 +88,7 @@ class _Op:
 class _Worker:
     """The ready queue and threads of one device."""
 
-    __slots__ = ("device", "queue", "cv", "threads", "active", "sleeping")
+    __slots__ = ("device", "queue", "cv", "threads", "active", "sleeping", "batches")
 
     def __init__(self, device, lock):
         self.device = device
@@ -97,6 +97,7 @@ class _Worker:
         self.threads = []
         self.active = 0
         self.sleeping = 0  # threads waiting on cv: notify only then (a wake-up is costly)
+        self.batches = {}  # thread index -> the batch it runs (for WaitTimeout messages)
 
 
 class Engine:
@@ -155,11 +156,13 @@ class Engine:
             self._inflight += 1
             worker = self._workers.get(device) or self._make_worker(device)
             if deps == 0:
-                op.queued = True
                 if inline and self.inline and worker.active == 0 and not worker.queue:
+                    # Runs in this thread, outside the device's FIFO: op.queued stays False so
+                    # an op pushed meanwhile from another thread waits for it for real.
                     worker.active += 1
                     run_here = True
                 else:
+                    op.queued = True
                     worker.queue.append(op)
                     if worker.sleeping:
                         worker.cv.notify()
@@ -191,6 +194,8 @@ class Engine:
             readers.append(op)
         for v in writes:
             w = v.last_write
+            if w is op:  # the same Var listed twice in writes: never wait for yourself
+                continue
             if w is not None and not w.done and not (w.queued and w.device is fifo_device):
                 w.dependents.append(op)
                 deps += 1
@@ -221,7 +226,7 @@ class Engine:
         if start:
             n = self.workers_per_device if device.kind == "cpu" else 1
             for i in range(n):
-                t = threading.Thread(target=self._worker_loop, args=(worker,),
+                t = threading.Thread(target=self._worker_loop, args=(worker, i, n),
                                      name=f"hybrid-{device}-{i}", daemon=True)
                 worker.threads.append(t)
                 t.start()
@@ -229,10 +234,11 @@ class Engine:
             _share_cores(sum(1 for d in self._workers if d.kind == "cpu"))
         return worker
 
-    def _worker_loop(self, worker: _Worker):
+    def _worker_loop(self, worker: _Worker, index: int = 0, nthreads: int = 1):
         lock = self._lock
         queue = worker.queue
         execute = self._execute
+        batches = worker.batches
         while True:
             with lock:
                 while not queue:
@@ -241,13 +247,18 @@ class Engine:
                     worker.sleeping += 1
                     worker.cv.wait()
                     worker.sleeping -= 1
-                # Take a batch: one lock round trip for many small ops.
+                # Take a batch: one lock round trip for many small ops. With several threads
+                # per device take a share only, or one thread would run everything ready.
                 n = min(len(queue), 64)
+                if nthreads > 1:
+                    n = max(1, n // nthreads)
                 batch = [queue.popleft() for _ in range(n)]
                 worker.active += n
+                batches[index] = batch
             for op in batch:
                 execute(op)
             self._complete_many(batch, worker)
+            batches[index] = None
 
     def _execute(self, op):
         err = None
@@ -308,6 +319,7 @@ class Engine:
 
     def wait_all(self, timeout: float | None = None):
         """Block until every op is done; raise the first error not raised yet (once)."""
+        self._check_usable()
         with self._lock:
             if self._inflight:
                 self._wait_until(lambda: self._inflight == 0, timeout, "all ops")
@@ -349,6 +361,12 @@ class Engine:
         parts = []
         for dev, w in self._workers.items():
             head = f"next {w.queue[0].describe()}" if w.queue else "queue empty"
+            # In a batch, the ops already run have fn None: the first with fn is running.
+            running = [next((op for op in b if op.fn is not None), None)
+                       for b in list(w.batches.values()) if b]
+            running = [op.describe() for op in running if op is not None]
+            if running:
+                head += "; running " + ", ".join(running)
             parts.append(f"{dev}: {len(w.queue)} ready, {w.active} running ({head})")
         return f"{self._inflight} op(s) in flight; " + "; ".join(parts)
 
@@ -372,7 +390,7 @@ class Engine:
 
     def shutdown(self, timeout: float = 10.0):
         """Finish pending work (up to ``timeout`` s) and stop the worker threads."""
-        if os.getpid() != self._pid:
+        if os.getpid() != self._pid or self._broken:
             return
         try:
             self.wait_all(timeout=timeout)
@@ -385,6 +403,8 @@ class Engine:
             threads = [t for w in self._workers.values() for t in w.threads]
         for t in threads:
             t.join(timeout=1.0)
+        self._broken = ("this engine was shut down (Engine.shutdown() or interpreter exit); "
+                        "create a new Engine() (runtime.engine.set_engine) to run more ops")
 
 
 def _share_cores(n_cpu_devices: int):
@@ -442,7 +462,7 @@ def set_engine(engine: Engine) -> Engine:
     """Replace the process engine (waits for the old one first); returns the old one."""
     global _engine
     old = _engine
-    if old is not None:
+    if old is not None and not old._broken:  # a forked-away or shut-down engine runs nothing
         old.wait_all()
     _engine = engine
     return old

@@ -79,6 +79,9 @@ def _scalar_dtype(v) -> str:
     return DEFAULT_FLOAT
 
 
+_WIDEN = {"int16": "int32", "uint16": "int32", "uint32": "int64"}
+
+
 def result_dtype(*args) -> str:
     """NumPy promotion among arrays; Python scalars are weak (they do not widen arrays).
 
@@ -90,6 +93,7 @@ def result_dtype(*args) -> str:
     if not arrays:
         return np.result_type(*[_scalar_dtype(s) for s in scalars]).name
     dt = np.result_type(*arrays).name if len(arrays) > 1 else arrays[0]
+    dt = _WIDEN.get(dt, dt)  # int8 with uint8 is int16 in NumPy, which we do not support
     for s in scalars:
         kind = _scalar_dtype(s)
         if kind == DEFAULT_FLOAT and dt not in FLOAT_DTYPES:

@@ -40,8 +40,19 @@ def _float_unary_infer(name):
 def _unary(name, impl, scalar, grad=None, allowed="numeric", float_out=False, out_dtype=None,
            doc=""):
     infer = _float_unary_infer(name) if float_out else _unary_infer(name, allowed, out_dtype)
+    if float_out:
+        impl = _in_float(impl)
     register(name, "elementwise", infer=infer, impl=impl, scalar=scalar, grad=grad,
              dtypes="float" if float_out else allowed, doc=doc)
+
+
+def _in_float(impl):
+    """Integer inputs compute in float32 (NumPy would pick float16 for 8-bit integers)."""
+    def run(xp, x):
+        if hasattr(x, "dtype") and not x.dtype.name.startswith("float"):
+            x = x.astype("float32")
+        return impl(xp, x)
+    return run
 
 
 _unary("neg", lambda xp, x: xp.negative(x), lambda b, x: b.neg(x),
@@ -269,4 +280,5 @@ def _clip_grad(F, i, out, g, a_min=None, a_max=None):
 
 
 register("clip", "elementwise", infer=_clip_infer, impl=_clip_impl, scalar=_clip_scalar,
-         grad=_clip_grad, attrs=("a_min", "a_max"), doc="x limited to [a_min, a_max]")
+         grad=_clip_grad, dtypes="numeric", attrs=("a_min", "a_max"),
+         doc="x limited to [a_min, a_max]")

@@ -39,6 +39,9 @@ register("reshape", "movement",
 
 
 def _transpose_infer(x, axes=None):
+    if axes is not None and any(not -x.ndim <= int(a) < x.ndim for a in axes):
+        raise OpError(f"transpose: axes {tuple(axes)} are out of range for an array of "
+                      f"{x.ndim} dimension(s)")
     axes = tuple(reversed(range(x.ndim))) if axes is None else tuple(int(a) % max(x.ndim, 1)
                                                                       for a in axes)
     if sorted(axes) != list(range(x.ndim)):
@@ -208,6 +211,9 @@ def _take_infer(x, indices, axis=0, mode="clip"):
     check_dtype("take", "indices", indices.dtype, "int")
     if mode not in ("clip", "wrap", "raise"):
         raise OpError(f"take: mode must be 'clip', 'wrap' or 'raise', got {mode!r}")
+    if not isinstance(axis, (int, np.integer)):
+        raise OpError(f"take: axis must be an int, got {axis!r} (reshape to 1-D to take from "
+                      "the flattened array)")
     axis = normalize_axis(axis, x.ndim, "take")[0]
     return Spec(x.shape[:axis] + tuple(indices.shape) + x.shape[axis + 1:], x.dtype)
 
@@ -285,6 +291,7 @@ def _pick_grad(F, i, out, g, axis=-1, keepdims=False):
     depth = x.shape[axis]
     positions = F.reshape(F.arange(start=0, stop=depth, step=1, dtype=spec_of(index).dtype),
                           shape=tuple(depth if d == axis else 1 for d in range(nd)))
+    index = F.clip(index, a_min=0, a_max=depth - 1)  # as the forward pass: out of range clips
     hot = F.eq(F.reshape(index, shape=kshape), positions)
     return (F.where(hot, F.reshape(g, shape=kshape), 0.0), None)
 

@@ -2,6 +2,8 @@
 gradient kernels. Batch norm, layer norm, dropout and softmax are composites (composite.py)."""
 from __future__ import annotations
 
+import numbers
+
 from .core import OpError, Spec, check_dtype, register
 
 
@@ -35,13 +37,25 @@ def _pad(xp, x, pad, value=0.0):
 
 
 # ------------------------------------------------------------------- convolution
+def _check_window(op, **pairs):
+    """stride/dilation/kernel of at least 1 and pad of at least 0 (no division by zero)."""
+    for name, v in pairs.items():
+        low = 0 if name == "pad" else 1
+        if any(a < low for a in v):
+            raise OpError(f"{op}: {name} must be >= {low} in each dimension, got {v}")
+
+
 def _conv_params(stride, pad, dilation, op):
     return _pair(stride, "stride", op), _pair(pad, "pad", op), _pair(dilation, "dilation", op)
 
 
 def _conv_infer(x, w, stride=1, pad=0, dilation=1, groups=1):
     stride, pad, dilation = _conv_params(stride, pad, dilation, "conv2d")
+    _check_window("conv2d", stride=stride, pad=pad, dilation=dilation)
     check_dtype("conv2d", "data", x.dtype, "float")
+    check_dtype("conv2d", "weight", w.dtype, "float")
+    if not isinstance(groups, numbers.Integral) or groups < 1:
+        raise OpError(f"conv2d: groups must be a positive int, got {groups!r}")
     if x.ndim != 4 or w.ndim != 4:
         raise OpError(f"conv2d: data must be (N, C, H, W) and weight (O, C/groups, KH, KW), got "
                       f"{x.shape} and {w.shape}")
@@ -160,6 +174,7 @@ def _pool_infer(x, pool_type="max", kernel=2, stride=None, pad=0, global_pool=Fa
     if x.ndim != 4:
         raise OpError(f"pool2d: data must be (N, C, H, W), got shape {x.shape}")
     k, s, p = _pool_params(x.shape, kernel, stride, pad, global_pool)
+    _check_window("pool2d", kernel=k, stride=s, pad=p)
     oh = conv_out_size(x.shape[2], k[0], s[0], p[0], 1)
     ow = conv_out_size(x.shape[3], k[1], s[1], p[1], 1)
     if oh <= 0 or ow <= 0:

@@ -41,6 +41,16 @@ def _check_key(key):
 def _rand_infer(key, shape, dtype="float32", **_):
     _check_key(key)
     dt = dtype_name(dtype)
+    check_dtype("random", "dtype", dt, "float")
+    return Spec(tuple(int(s) for s in shape), dt)
+
+
+def _randint_infer(key, shape, low=0, high=2, dtype="int64"):
+    _check_key(key)
+    dt = dtype_name(dtype)
+    check_dtype("random_randint", "dtype", dt, "int")
+    if high <= low:
+        raise OpError(f"randint: high ({high}) must be greater than low ({low})")
     return Spec(tuple(int(s) for s in shape), dt)
 
 
@@ -69,11 +79,9 @@ def _randint_impl(xp, key, shape, low=0, high=2, dtype="int64"):
         shape)
 
 
-register("random_uniform", "source", infer=_rand_infer, impl=_uniform_impl,
+register("random_uniform", "source", infer=_rand_infer, impl=_uniform_impl, dtypes="float",
          attrs=("shape", "low", "high", "dtype"), doc="uniform in [low, high) at key")
-register("random_normal", "source", infer=_rand_infer, impl=_normal_impl,
+register("random_normal", "source", infer=_rand_infer, impl=_normal_impl, dtypes="float",
          attrs=("shape", "loc", "scale", "dtype"), doc="normal(loc, scale) at key (Box-Muller)")
-register("random_randint", "source",
-         infer=lambda key, shape, low=0, high=2, dtype="int64": _rand_infer(key, shape, dtype),
-         impl=_randint_impl, attrs=("shape", "low", "high", "dtype"),
-         doc="integers in [low, high) at key")
+register("random_randint", "source", infer=_randint_infer, impl=_randint_impl, dtypes="int",
+         attrs=("shape", "low", "high", "dtype"), doc="integers in [low, high) at key")

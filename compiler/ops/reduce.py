@@ -62,12 +62,15 @@ register("sum", "reduce", infer=_reduce_infer("sum", "all"), impl=_np_reduce("su
          grad=_sum_grad, scalar=(lambda b, acc, x: b.add(acc, x), 0),
          attrs=("axis", "keepdims"))
 register("prod", "reduce", infer=_reduce_infer("prod", "numeric"), impl=_np_reduce("prod"),
+         dtypes="numeric",
          grad=_prod_grad, scalar=(lambda b, acc, x: b.mul(acc, x), 1),
          attrs=("axis", "keepdims"))
 register("max", "reduce", infer=_reduce_infer("max", "numeric"), impl=_np_reduce("max"),
+         dtypes="numeric",
          grad=_extreme_grad, scalar=(lambda b, acc, x: b.max(acc, x), "-inf"),
          attrs=("axis", "keepdims"))
 register("min", "reduce", infer=_reduce_infer("min", "numeric"), impl=_np_reduce("min"),
+         dtypes="numeric",
          grad=_extreme_grad, scalar=(lambda b, acc, x: b.min(acc, x), "inf"),
          attrs=("axis", "keepdims"))
 
@@ -95,6 +98,8 @@ def _arg_impl(fname):
 
 
 register("argmax", "reduce", infer=_arg_infer("argmax"), impl=_arg_impl("argmax"),
-         attrs=("axis", "keepdims"), doc="index of the first maximum (int64, no gradient)")
+         dtypes="numeric", attrs=("axis", "keepdims"),
+         doc="index of the first maximum (int64, no gradient)")
 register("argmin", "reduce", infer=_arg_infer("argmin"), impl=_arg_impl("argmin"),
-         attrs=("axis", "keepdims"), doc="index of the first minimum (int64, no gradient)")
+         dtypes="numeric", attrs=("axis", "keepdims"),
+         doc="index of the first minimum (int64, no gradient)")

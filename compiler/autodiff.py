@@ -1,0 +1,157 @@
+"""Reverse-mode autodiff on graphs, with the registry's gradient rules.
+
+``differentiate`` extends a forward graph with gradient nodes (a joint graph);
+``split_joint`` cuts it into a forward-for-training graph that also returns the residuals
+the backward needs, and a backward graph that takes residuals + output gradients.
+The same gradient rules serve eager autograd: they are written over an op namespace ``F``.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import networkx as nx
+
+from .graph import SOURCE_OPS, Graph, NodeRef
+from .ops import REGISTRY, OpNamespace, Spec
+
+
+class Sym:
+    """A graph value as gradient rules see it: ``.shape``, ``.dtype`` and a node id."""
+
+    __slots__ = ("graph", "id")
+
+    def __init__(self, graph: Graph, nid: int):
+        self.graph = graph
+        self.id = nid
+
+    @property
+    def shape(self):
+        return self.graph.spec(self.id).shape
+
+    @property
+    def dtype(self):
+        return self.graph.spec(self.id).dtype
+
+
+class GraphBuilder:
+    """Applies registry ops by adding nodes (``F = OpNamespace(builder.apply)``)."""
+
+    def __init__(self, graph: Graph, where=None, device="cpu(0)"):
+        self.graph = graph
+        self.where = where
+        self.device = device
+        self.F = OpNamespace(self.apply)
+
+    def apply(self, name, args, attrs):
+        conv = [NodeRef(a.id) if isinstance(a, Sym) else a for a in args]
+        return Sym(self.graph, self.graph.add_op(name, conv, attrs, self.where, self.device))
+
+
+def differentiate(graph: Graph, wrt: list[int]):
+    """Add gradient nodes for d(outputs)/d(wrt) to a copy of ``graph``.
+
+    Returns (joint, grad_inputs, grads): ``grad_inputs`` are new input nodes holding each
+    output's incoming gradient; ``grads[i]`` is the node of the gradient for ``wrt[i]``
+    (a zero constant where no path exists).
+    """
+    joint = graph.copy()
+    b = GraphBuilder(joint)
+    F = b.F
+    grad_inputs = []
+    acc: dict[int, Sym] = {}
+    for i, o in enumerate(graph.outputs):
+        gi = joint.add_input(joint.spec(o), f"grad_out{i}", joint.node(o)["device"])
+        joint.inputs.remove(gi)  # not a forward input: tracked separately
+        grad_inputs.append(gi)
+        _acc(F, acc, o, Sym(joint, gi))
+    need = set()
+    for w in wrt:
+        need |= nx.descendants(graph.g, w) | {w}
+    for n in reversed(graph.topo_order()):
+        d = graph.node(n)
+        if d["op"] in SOURCE_OPS or n not in acc or n not in need:
+            continue
+        op = REGISTRY[d["op"]]
+        if op.grad is None:
+            continue
+        b.where, b.device = d.get("where"), d.get("device", "cpu(0)")
+        args = [Sym(joint, a.id) if isinstance(a, NodeRef) else a for a in graph.args(n)]
+        in_grads = op.grad(F, args, Sym(joint, n), acc[n], **d["attrs"])
+        for a, g in zip(args, in_grads):
+            if g is None or not isinstance(a, Sym) or a.id not in need:
+                continue
+            _acc(F, acc, a.id, g)
+    grads = []
+    for w in wrt:
+        if w in acc:
+            grads.append(acc[w].id)
+        else:
+            spec = graph.spec(w)
+            grads.append(b.apply("full", (), {"shape": spec.shape, "value": 0.0,
+                                              "dtype": spec.dtype}).id)
+    return joint, grad_inputs, grads
+
+
+def _acc(F, acc, nid, g):
+    acc[nid] = g if nid not in acc else F.add(acc[nid], g)
+
+
+@dataclasses.dataclass
+class TrainingGraphs:
+    """A forward graph returning outputs + residuals, and the matching backward graph.
+
+    backward inputs: residuals (in ``residuals`` order; forward node ids) then one gradient
+    per forward output; backward outputs: one gradient per ``wrt`` entry.
+    """
+    forward: Graph
+    backward: Graph
+    residuals: list  # forward node ids the backward reads (inputs, params or computed)
+    n_outputs: int
+
+
+def split_joint(graph: Graph, wrt: list[int]) -> TrainingGraphs:
+    joint, grad_inputs, grads = differentiate(graph, wrt)
+    g = joint.g
+    fwd_nodes = set(graph.g.nodes)
+    needed = set(grads)
+    for gr in grads:
+        needed |= nx.ancestors(g, gr)
+    bwd_nodes = [n for n in joint.topo_order() if n in needed and n not in fwd_nodes
+                 and n not in grad_inputs]
+    residuals = []
+    for n in bwd_nodes:
+        for a in joint.arg_ids(n):
+            if a in fwd_nodes and a not in residuals and joint.op(a) != "const":
+                residuals.append(a)
+    for gr in grads:
+        if gr in fwd_nodes and gr not in residuals and joint.op(gr) != "const":
+            residuals.append(gr)
+    # forward: the original outputs, then computed residuals
+    forward = graph.copy()
+    forward.name = f"{graph.name}_fwd"
+    computed = [r for r in residuals if forward.op(r) not in ("input", "param")]
+    forward.outputs = list(graph.outputs) + computed
+    # backward: residuals and output gradients in, wrt gradients out
+    backward = Graph(f"{graph.name}_bwd")
+    remap: dict[int, int] = {}
+    for r in residuals:
+        remap[r] = backward.add_input(joint.spec(r), f"res%{r}", joint.node(r)["device"])
+    for i, gi in enumerate(grad_inputs):
+        remap[gi] = backward.add_input(joint.spec(gi), f"grad_out{i}", joint.node(gi)["device"])
+    for n in joint.topo_order():
+        if n in remap or not (n in needed or n in grads):
+            continue
+        d = joint.node(n)
+        if d["op"] == "const":
+            name = d["attrs"]["name"]
+            remap[n] = backward.add_const(joint.constants[name], name, d["device"])
+            continue
+        if n not in bwd_nodes:
+            continue
+        args = [NodeRef(remap[a.id]) if isinstance(a, NodeRef) else a for a in joint.args(n)]
+        remap[n] = backward.add_op(d["op"], args, d["attrs"], d.get("where"), d["device"])
+    backward.outputs = [remap[gr] for gr in grads]
+    return TrainingGraphs(forward, backward, residuals, len(graph.outputs))
+
+
+__all__ = ["Sym", "GraphBuilder", "differentiate", "split_joint", "TrainingGraphs", "Spec"]

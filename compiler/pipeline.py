@@ -1,0 +1,66 @@
+"""The compile pipeline: a named, ordered pass list, then code generation.
+
+``compile(graph, backend, device) -> runtime.Executable``. Each pass is a pure function
+Graph -> (Graph, report); the pipeline times it, prints the graph after it when
+HYBRID_PRINT_AFTER names it (or 'all'), and runs the verifier between passes when
+HYBRID_CHECK=1.
+"""
+from __future__ import annotations
+
+import time
+
+from runtime import config
+from runtime.executable import Executable
+
+from .graph import Graph
+from .reference import ReferenceProgram
+from .verify import verify
+
+_log = config.logger("compile")
+
+BACKENDS = ("reference", "llvm", "cuda")
+
+# (name, pass) in order; passes register here as they land
+PIPELINE: list = []
+
+
+def run_passes(graph: Graph, passes=None):
+    """Run the pass list; returns (graph, reports) with one report per pass."""
+    passes = PIPELINE if passes is None else passes
+    check = config.get("HYBRID_CHECK")
+    show = config.get("HYBRID_PRINT_AFTER")
+    if check:
+        verify(graph, "tracing")
+    reports = []
+    for name, fn in passes:
+        t0 = time.perf_counter()
+        graph, rep = fn(graph)
+        rep = dict(rep or {})
+        rep["pass"] = name
+        rep["seconds"] = time.perf_counter() - t0
+        reports.append(rep)
+        if check:
+            verify(graph, name)
+        if name in show or "all" in show:
+            print(f"--- after {name} ---\n{graph.format()}")
+    return graph, reports
+
+
+def compile(graph: Graph, backend: str = "reference", device=None, passes=None) -> Executable:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    t0 = time.perf_counter()
+    in_specs = [graph.spec(n) for n in graph.inputs]
+    param_specs = [graph.spec(n) for n in graph.params]
+    optimized, reports = run_passes(graph, passes)
+    if backend == "reference":
+        prog = ReferenceProgram(optimized)
+        exe = Executable(prog, "reference", in_specs, param_specs,
+                         [optimized.spec(o) for o in optimized.outputs], device)
+    else:
+        from .codegen import backend_compile  # noqa: PLC0415 - optional heavy import
+        exe = backend_compile(optimized, backend, device, in_specs, param_specs)
+    exe.report.update({"passes": reports, "graph": optimized,
+                       "compile_seconds": time.perf_counter() - t0})
+    _log.info("compiled %s for %s in %.3fs", graph.name, backend, exe.report["compile_seconds"])
+    return exe

@@ -1,0 +1,575 @@
+"""hybridize(): trace a block's forward into a compiler Graph, compile it, run it as one op.
+
+The first call with a new input signature (argument structure, shapes, dtypes, devices,
+train/predict mode) runs ``forward`` with :class:`Tracer` values that record graph nodes;
+later calls with that signature run the compiled executable as ONE engine op. Python code in
+``forward`` (a ``print``, a loop over layers) runs only while tracing.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+
+import numpy as np
+
+from compiler.graph import Graph, NodeRef
+from compiler.ops import OpError, Spec, is_scalar
+from runtime import config
+from runtime import engine as _engine_mod
+from runtime.device import cpu
+from runtime.memory import Buffer
+
+from . import _state
+from ._where import user_frame
+from .ndarray import NDArray
+
+_log_re = config.logger("recompiles")
+
+
+class TraceError(RuntimeError):
+    """Something in a hybridized forward cannot be captured in a graph."""
+
+
+def _at(where=None):
+    where = where or user_frame()
+    return f"{where[0]}:{where[1]}" if where else "?"
+
+
+# =================================================================== Tracer
+class Tracer(NDArray):
+    """A symbolic array inside a trace: shape and dtype are known, the value is not."""
+
+    __slots__ = ("_nid", "_trace")
+
+    def __init__(self, trace, nid, spec: Spec, device):
+        NDArray.__init__(self, None, spec.shape, spec.dtype, device)
+        self._nid = nid
+        self._trace = trace
+
+    def _refuse(self, what, fix):
+        raise TraceError(f"{what} of a traced value at {_at()}: inside a hybridized forward, "
+                         f"arrays have no values yet (they are graph nodes). {fix}")
+
+    def wait_to_read(self, timeout=None):
+        self._refuse("wait_to_read()", "Remove it from forward; sync outside the block.")
+
+    def asnumpy(self):
+        self._refuse("asnumpy()", "Compute with hybrid ops inside forward, or call "
+                     "net.hybridize(active=False) to debug eagerly.")
+
+    def item(self):
+        self._refuse("item()", "Keep the value as an array (e.g. use hb.where) or run eagerly.")
+
+    def __array__(self, dtype=None, copy=None):
+        self._refuse("np.asarray()", "Use hybrid ops instead of NumPy inside forward.")
+
+    def __bool__(self):
+        self._refuse("bool() (an `if` or `while` on an array)",
+                     "Python control flow cannot depend on array values in a graph: use "
+                     "hb.where(cond, a, b), or keep this block un-hybridized.")
+
+    def __float__(self):
+        self._refuse("float()", "Keep it an array.")
+
+    def __int__(self):
+        self._refuse("int()", "Keep it an array.")
+
+    def __index__(self):
+        self._refuse("using as an index", "Use hb.take(x, indices) with an index array.")
+
+    def __repr__(self):
+        return f"<traced {Spec(self.shape, self._dtype)} %{self._nid}>"
+
+    __str__ = __repr__
+
+    def detach(self):
+        from .ndarray import apply  # noqa: PLC0415
+        return apply("stop_gradient", (self,), {})
+
+    def attach_grad(self, grad_req="write", stype=None):
+        self._refuse("attach_grad()", "Attach gradients to inputs outside the block.")
+
+    def copyto(self, other):
+        self._refuse("copyto()", "Move data between devices outside the block.")
+
+
+# =================================================================== Trace
+class Trace:
+    def __init__(self, name: str, device):
+        self.graph = Graph(name)
+        self.device = device
+        self.params: list = []  # Parameter objects in graph.params order
+        self._param_nodes: dict = {}
+        self._consts: dict = {}
+        self.state_updates: list = []  # (Parameter, node id)
+        self.key_node = None
+        self.n_random = 0
+
+    def apply(self, name, args, attrs):
+        conv = []
+        for a in args:
+            if isinstance(a, Tracer):
+                if a._trace is not self:
+                    raise TraceError(f"a traced value from another trace was used at {_at()}: "
+                                     "do not keep arrays from inside forward in globals")
+                conv.append(NodeRef(a._nid))
+            elif isinstance(a, NDArray):
+                conv.append(NodeRef(self.capture(a)))
+            elif is_scalar(a):
+                conv.append(a.item() if isinstance(a, np.generic) else a)
+            elif isinstance(a, np.ndarray):
+                conv.append(NodeRef(self.capture_numpy(a)))
+            else:
+                raise TraceError(f"{name}: argument of type {type(a).__name__} at {_at()} "
+                                 "cannot be traced; pass hybrid arrays or numbers")
+        try:
+            nid = self.graph.add_op(name, conv, attrs, user_frame(), str(self.device))
+        except OpError as exc:
+            raise OpError(f"{exc} (at {_at()}, while hybridizing)") from None
+        return Tracer(self, nid, self.graph.spec(nid), self.device)
+
+    def capture(self, a: NDArray) -> int:
+        """A concrete array used inside forward becomes a graph constant (its value now)."""
+        key = id(a._buf)
+        if key not in self._consts:
+            _log_re.info("captured a concrete array %s at %s as a constant: later changes to "
+                         "it are not seen by the compiled graph", a.shape, _at())
+            self._consts[key] = (self.graph.add_const(a.asnumpy(), device=str(self.device)), a)
+        return self._consts[key][0]
+
+    def capture_numpy(self, a: np.ndarray) -> int:
+        return self.graph.add_const(np.array(a), device=str(self.device))
+
+    def param(self, param, device):
+        if id(param) not in self._param_nodes:
+            with suspended():
+                data = param.data(device or self.device)
+            nid = self.graph.add_param(Spec(data.shape, data._dtype), _param_name(param),
+                                       str(self.device))
+            self._param_nodes[id(param)] = nid
+            self.params.append(param)
+        nid = self._param_nodes[id(param)]
+        return Tracer(self, nid, self.graph.spec(nid), self.device)
+
+    def random_key(self):
+        """A fresh per-call key for each random op: one key input, offset per op."""
+        if self.key_node is None:
+            self.key_node = self.graph.add_input(Spec((), "int64"), "rng_key", str(self.device))
+        self.n_random += 1
+        key = Tracer(self, self.key_node, Spec((), "int64"), self.device)
+        return self.apply("add", (key, self.n_random * 0x2545F4914F6CDD1D % (1 << 62)), {})
+
+
+def _param_name(param):
+    return getattr(param, "name", None) or f"param{id(param)}"
+
+
+@contextlib.contextmanager
+def suspended():
+    """Run eagerly inside a trace (initializers, parameter look-ups)."""
+    loc = _state.local
+    old, loc.trace = loc.trace, None
+    try:
+        yield
+    finally:
+        loc.trace = old
+
+
+def trace_apply(name, args, attrs):
+    return _state.local.trace.apply(name, args, attrs)
+
+
+def param_symbol(param, device=None):
+    """Called by Parameter.data() while tracing."""
+    return _state.local.trace.param(param, device)
+
+
+def random_key(device=None):
+    return _state.local.trace.random_key()
+
+
+def inplace_rebind(target: NDArray, new):
+    """``x += 1`` / ``x[:] = v`` / running-stat updates inside a traced forward."""
+    tr = _state.local.trace
+    if not isinstance(new, Tracer):
+        raise TraceError(f"in-place update with a concrete value at {_at()}")
+    if isinstance(target, Tracer):
+        pnode = target._nid
+        for p in tr.params:
+            if tr._param_nodes[id(p)] == pnode:
+                # a parameter updated inside forward (BatchNorm running stats): a graph output
+                # written back to the parameter after each call
+                tr.state_updates = [(q, n) for q, n in tr.state_updates if q is not p]
+                tr.state_updates.append((p, new._nid))
+                break
+        target._nid = new._nid
+        target._dtype = new._dtype
+        return
+    raise TraceError(f"in-place update of an array captured from outside forward at {_at()}: "
+                     "a hybridized graph cannot write to it; return the new value instead")
+
+
+# ============================================================ pytrees
+def flatten(obj):
+    """(leaves, treedef): NDArray leaves; static Python values become part of the treedef."""
+    leaves = []
+
+    def rec(o):
+        if isinstance(o, NDArray):
+            leaves.append(o)
+            return ("a",)
+        if isinstance(o, tuple):
+            return ("t", tuple(rec(x) for x in o))
+        if isinstance(o, list):
+            return ("l", tuple(rec(x) for x in o))
+        if isinstance(o, dict):
+            keys = tuple(o.keys())
+            return ("d", keys, tuple(rec(o[k]) for k in keys))
+        try:
+            hash(o)
+            return ("s", o)
+        except TypeError:
+            return ("s", repr(o))
+    return leaves, rec(obj)
+
+
+def unflatten(treedef, leaves):
+    it = iter(leaves)
+
+    def rec(t):
+        kind = t[0]
+        if kind == "a":
+            return next(it)
+        if kind == "t":
+            return tuple(rec(x) for x in t[1])
+        if kind == "l":
+            return [rec(x) for x in t[1]]
+        if kind == "d":
+            return {k: rec(x) for k, x in zip(t[1], t[2])}
+        return t[1]
+    return rec(treedef)
+
+
+# ============================================================ compiled entries
+@dataclasses.dataclass
+class Compiled:
+    signature: tuple
+    graph: Graph
+    params: list
+    out_tree: tuple
+    n_user_out: int
+    state_updates: list  # (Parameter, output index)
+    uses_key: bool
+    backend: str
+    exe: object = None
+    train: object = None  # (TrainingGraphs, fwd exe, bwd exe, wrt input idx, wrt param idx)
+    trace_seconds: float = 0.0
+
+    def executable(self):
+        return self.exe
+
+
+class CachedFunction:
+    """The compiled-graph cache of one block or function, keyed by input signature."""
+
+    def __init__(self, fn, name, flags, owner=None):
+        self.fn = fn
+        self.name = name
+        self.flags = dict(flags or {})
+        self.owner = owner
+        self.entries: dict = {}
+        self.retraces: list = []  # (reason, signature)
+        self._lock = threading.Lock()
+
+    @property
+    def backend(self):
+        b = self.flags.get("backend")
+        if b:
+            return b
+        return "llvm" if _llvm_available() else "reference"
+
+    def signature(self, leaves, tree):
+        return (tree, tuple((a.shape, a._dtype, a.device) for a in leaves),
+                _state.is_training())
+
+    def __call__(self, args, kwargs):
+        leaves, tree = flatten((args, kwargs))
+        for a in leaves:
+            if isinstance(a, Tracer):  # nested hybridized call inside an outer trace
+                return self.fn(*args, **kwargs)
+        sig = self.signature(leaves, tree)
+        entry = self.entries.get(sig)
+        if entry is None:
+            with self._lock:
+                entry = self.entries.get(sig) or self._build(sig, leaves, tree, args, kwargs)
+        return _run(entry, leaves, self.name)
+
+    def _build(self, sig, leaves, tree, args, kwargs):
+        import time  # noqa: PLC0415
+        if self.entries:
+            reason = _why_retrace(list(self.entries), sig)
+            self.retraces.append((reason, sig))
+            _log_re.info("%s: re-tracing because %s", self.name, reason)
+        device = leaves[0].device if leaves else cpu(0)
+        if self.owner is not None and _has_deferred(self.owner):
+            with _autograd_paused():  # finish deferred shape inference eagerly, once
+                self.fn(*args, **kwargs)
+        t0 = time.perf_counter()
+        trace = Trace(self.name, device)
+        tracers = [Tracer(trace, trace.graph.add_input(Spec(a.shape, a._dtype), f"in{i}",
+                                                       str(device)), Spec(a.shape, a._dtype),
+                          device) for i, a in enumerate(leaves)]
+        targs, tkwargs = unflatten(tree, tracers)
+        loc = _state.local
+        old, loc.trace = loc.trace, trace
+        try:
+            out = self.fn(*targs, **tkwargs)
+        finally:
+            loc.trace = old
+        out_leaves, out_tree = flatten(out)
+        for o in out_leaves:
+            if not isinstance(o, Tracer) or o._trace is not trace:
+                raise TraceError(f"{self.name}: forward returned an array that was not computed "
+                                 "from its inputs (a captured constant); return hybrid ops of "
+                                 "the inputs")
+        g = trace.graph
+        g.outputs = [o._nid for o in out_leaves]
+        n_user = len(g.outputs)
+        updates = []
+        for p, nid in trace.state_updates:
+            updates.append((p, len(g.outputs)))
+            g.outputs.append(nid)
+        if trace.key_node is not None:
+            g.inputs.remove(trace.key_node)
+            g.inputs.append(trace.key_node)  # the key is always the last input
+        g.remove_dead()
+        entry = Compiled(sig, g, trace.params, out_tree, n_user, updates,
+                         trace.key_node is not None, self.backend,
+                         trace_seconds=time.perf_counter() - t0)
+        from compiler.pipeline import compile as compile_graph  # noqa: PLC0415
+        entry.exe = compile_graph(g, entry.backend, device)
+        self.entries[sig] = entry
+        return entry
+
+    def report(self) -> str:
+        return explain_cache(self)
+
+
+def _why_retrace(old_sigs, sig) -> str:
+    """The difference to the closest cached signature, named field by field."""
+    best = None
+    for prev in old_sigs:
+        diffs = []
+        if prev[0] != sig[0]:
+            diffs.append("the argument structure changed")
+        if prev[2] != sig[2]:
+            diffs.append(f"the mode changed to {'training' if sig[2] else 'predict'}")
+        if len(prev[1]) != len(sig[1]):
+            diffs.append(f"the number of array arguments changed ({len(prev[1])} -> "
+                         f"{len(sig[1])})")
+        else:
+            for i, (a, b) in enumerate(zip(prev[1], sig[1])):
+                for field, x, y in zip(("shape", "dtype", "device"), a, b):
+                    if x != y:
+                        diffs.append(f"array argument {i} changed {field}: {x} -> {y}")
+        if best is None or len(diffs) < len(best):
+            best = diffs
+    return "; ".join(best) if best else "a new signature"
+
+
+def _has_deferred(block) -> bool:
+    try:
+        params = block.collect_params().values()
+    except Exception:  # noqa: BLE001 - a plain function owner has no params
+        return False
+    for p in params:
+        shape = getattr(p, "shape", None)
+        if shape is None or any(int(s) <= 0 for s in shape):
+            return True
+        if hasattr(p, "_data") and not p._data:
+            return True
+    return False
+
+
+@contextlib.contextmanager
+def _autograd_paused():
+    loc = _state.local
+    old = loc.recording
+    loc.recording = False
+    try:
+        yield
+    finally:
+        loc.recording = old
+
+
+def _llvm_available() -> bool:
+    try:
+        import compiler.codegen  # noqa: F401,PLC0415
+        from compiler.codegen import backend_compile  # noqa: F401,PLC0415
+        return True
+    except ImportError:
+        return False
+
+
+# ============================================================ running
+def _param_handles(entry, device):
+    with suspended():
+        return [p.data(device) for p in entry.params]
+
+
+def _needs_grad(a) -> bool:
+    return a._node is not None or a._grad_req != "null"
+
+
+def _push(exe, device, in_bufs, param_bufs, out_specs, name):
+    outs = [NDArray(Buffer(), s.shape, s.dtype, device) for s in out_specs]
+    out_bufs = [o._buf for o in outs]
+    xp = device.xp
+
+    def run():
+        res = exe(xp, [b.data for b in in_bufs], [b.data for b in param_bufs])
+        for ob, r in zip(out_bufs, res):
+            ob.data = r
+
+    _engine_mod.get_engine().push(
+        run, tuple(b.var for b in in_bufs) + tuple(b.var for b in param_bufs),
+        tuple(b.var for b in out_bufs), device, name, user_frame())
+    return outs
+
+
+def _run(entry: Compiled, leaves, name):
+    device = leaves[0].device if leaves else cpu(0)
+    handles = _param_handles(entry, device)
+    inputs = list(leaves)
+    if entry.uses_key:
+        from .random import key_array  # noqa: PLC0415
+        inputs.append(key_array(device))
+    recording = _state.is_recording()
+    if recording and any(_needs_grad(a) for a in inputs + handles):
+        outs = _run_training(entry, inputs, handles, device, name)
+    else:
+        outs = _push(entry.exe, device, [a._buf for a in inputs], [h._buf for h in handles],
+                     entry.exe.out_specs, name)
+    for p, k in entry.state_updates:
+        h = handles[entry.params.index(p)]
+        h._buf = outs[k]._buf
+    return unflatten(entry.out_tree, outs[:entry.n_user_out])
+
+
+def _training(entry, device):
+    if entry.train is None:
+        from compiler.autodiff import split_joint  # noqa: PLC0415
+        from compiler.pipeline import compile as compile_graph  # noqa: PLC0415
+        g = entry.graph
+        wrt_in = [i for i, n in enumerate(g.inputs) if g.spec(n).dtype.startswith("float")]
+        wrt_par = [i for i, n in enumerate(g.params) if g.spec(n).dtype.startswith("float")]
+        wrt = [g.inputs[i] for i in wrt_in] + [g.params[i] for i in wrt_par]
+        tg = split_joint(g, wrt)
+        fwd = compile_graph(tg.forward, entry.backend, device)
+        bwd = compile_graph(tg.backward, entry.backend, device)
+        entry.train = (tg, fwd, bwd, wrt_in, wrt_par)
+    return entry.train
+
+
+def _run_training(entry, inputs, handles, device, name):
+    from .autograd import record_custom  # noqa: PLC0415
+    tg, fwd, bwd, wrt_in, wrt_par = _training(entry, device)
+    outs = _push(fwd, device, [a._buf for a in inputs], [h._buf for h in handles],
+                 fwd.out_specs, name)
+    g = entry.graph
+    n_out = len(g.outputs)
+    extra = {nid: outs[n_out + k] for k, nid in
+             enumerate(r for r in tg.residuals if g.op(r) not in ("input", "param"))}
+    res_bufs = []
+    for r in tg.residuals:
+        if r in extra:
+            res_bufs.append(extra[r]._buf)
+        elif g.op(r) == "input":
+            res_bufs.append(inputs[g.inputs.index(r)]._buf)
+        else:
+            res_bufs.append(handles[g.params.index(r)]._buf)
+    user_outs = outs[:n_out]
+    record_inputs = inputs + handles
+
+    def backward_fn(out_grads):
+        grads = _push(bwd, device, res_bufs + [og._buf for og in out_grads], [],
+                      bwd.out_specs, f"{name}_backward")
+        result = [None] * len(record_inputs)
+        for k, i in enumerate(wrt_in):
+            result[i] = grads[k]
+        for k, i in enumerate(wrt_par):
+            result[len(inputs) + i] = grads[len(wrt_in) + k]
+        return result
+
+    record_custom(f"hybridized:{name}", record_inputs, user_outs, backward_fn)
+    return outs
+
+
+# ============================================================ functions + reports
+class HybridFunction:
+    """``hb.hybridize(fn)``: a plain function traced and compiled per input signature."""
+
+    def __init__(self, fn, **flags):
+        self.__wrapped__ = fn
+        self.__name__ = getattr(fn, "__name__", "function")
+        self.cache = CachedFunction(fn, self.__name__, flags)
+
+    def __call__(self, *args, **kwargs):
+        return self.cache(args, kwargs)
+
+    def report(self) -> str:
+        return self.cache.report()
+
+
+def hybridize(fn=None, **flags):
+    """Decorator: ``@hb.hybridize`` or ``@hb.hybridize(backend="reference")`` (like jax.jit)."""
+    if fn is None:
+        return lambda f: HybridFunction(f, **flags)
+    return HybridFunction(fn, **flags)
+
+
+def call_cached(block, args, kwargs):
+    """HybridBlock.__call__ when hybridized."""
+    cache = getattr(block, "_cached", None)
+    if not isinstance(cache, CachedFunction):
+        flags = getattr(block, "_hybrid_flags", {}) or {}
+        cache = CachedFunction(block.forward, type(block).__name__, flags, owner=block)
+        block._cached = cache
+    return cache(args, kwargs)
+
+
+def explain_cache(cache: CachedFunction) -> str:
+    lines = [f"== {cache.name}: {len(cache.entries)} compiled signature(s), "
+             f"{len(cache.retraces)} re-trace(s) =="]
+    for reason, _ in cache.retraces:
+        lines.append(f"  re-traced: {reason}")
+    for sig, e in cache.entries.items():
+        args = ", ".join(f"{Spec(s, d)}@{dev}" for s, d, dev in sig[1])
+        mode = "training" if sig[2] else "predict"
+        lines.append(f"-- signature ({args}) [{mode}], backend {e.backend}, traced in "
+                     f"{e.trace_seconds * 1e3:.1f} ms, compiled in "
+                     f"{e.exe.report.get('compile_seconds', 0) * 1e3:.1f} ms")
+        counts = e.graph.op_counts()
+        lines.append("   nodes: " + ", ".join(f"{k}={v}" for k, v in sorted(counts.items())))
+        lines.append(e.graph.format())
+        for rep in e.exe.report.get("passes", []):
+            summary = rep.get("summary") or ", ".join(
+                f"{k}={v}" for k, v in rep.items() if k not in ("pass", "seconds", "details"))
+            lines.append(f"   pass {rep['pass']}: {summary} ({rep['seconds'] * 1e3:.1f} ms)")
+        extra = e.exe.report.get("explain")
+        if extra:
+            lines.append(extra)
+    return "\n".join(lines)
+
+
+def explain(obj, *inputs) -> str:
+    """The compiled signatures, re-traces, graph, passes and plans of a hybridized block or
+    function; with inputs, calls it first so there is something to explain."""
+    if inputs:
+        obj(*inputs)
+        _engine_mod.get_engine().wait_all()
+    cache = obj.cache if isinstance(obj, HybridFunction) else getattr(obj, "_cached", None)
+    if not isinstance(cache, CachedFunction):
+        return f"{type(obj).__name__} is not hybridized (call .hybridize() and then call it)"
+    return explain_cache(cache)
