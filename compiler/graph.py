@@ -31,6 +31,7 @@ class Graph:
         self.params: list[int] = []
         self.outputs: list[int] = []
         self.constants: dict[str, np.ndarray] = {}
+        self.meta: dict = {}  # what passes decided (fusion groups, schedule, memory plan)
         self._next = 0
 
     # ------------------------------------------------------------- building
@@ -122,6 +123,7 @@ class Graph:
         other.inputs, other.params, other.outputs = list(self.inputs), list(self.params), \
             list(self.outputs)
         other.constants = dict(self.constants)
+        other.meta = dict(self.meta)
         other._next = self._next
         return other
 

@@ -13,6 +13,7 @@ from runtime import config
 from runtime.executable import Executable
 
 from .graph import Graph
+from .passes import fuse, plan_memory, schedule, simplify
 from .reference import ReferenceProgram
 from .verify import verify
 
@@ -20,8 +21,13 @@ _log = config.logger("compile")
 
 BACKENDS = ("reference", "llvm", "cuda")
 
-# (name, pass) in order; passes register here as they land
-PIPELINE: list = []
+# the pass list, in order
+PIPELINE: list = [
+    ("simplify", simplify),
+    ("fuse", fuse),
+    ("schedule", schedule),
+    ("memory", plan_memory),
+]
 
 
 def run_passes(graph: Graph, passes=None):
@@ -61,6 +67,23 @@ def compile(graph: Graph, backend: str = "reference", device=None, passes=None) 
         from .codegen import backend_compile  # noqa: PLC0415 - optional heavy import
         exe = backend_compile(optimized, backend, device, in_specs, param_specs)
     exe.report.update({"passes": reports, "graph": optimized,
-                       "compile_seconds": time.perf_counter() - t0})
+                       "compile_seconds": time.perf_counter() - t0,
+                       "explain": explain_plan(optimized)})
     _log.info("compiled %s for %s in %.3fs", graph.name, backend, exe.report["compile_seconds"])
     return exe
+
+
+def explain_plan(graph: Graph) -> str:
+    """Kernels with their fusion reasons, the schedule and the memory plan, as text."""
+    from .passes.fusion import describe  # noqa: PLC0415
+    lines = ["   kernels:", describe(graph)]
+    sched = graph.meta.get("schedule")
+    if sched:
+        lines.append(f"   schedule: kernels {sched['order']}; lanes "
+                     + ", ".join(f"{d}: {len(v)}" for d, v in sched["lanes"].items()))
+    mem = graph.meta.get("memory")
+    if mem:
+        lines.append(f"   memory: arena {mem['arena_bytes']} B (naive {mem['naive_bytes']} B, "
+                     f"peak live {mem['peak_bytes']} B, {len(mem['inplace'])} in place); "
+                     "offsets " + ", ".join(f"k{k}@{v}" for k, v in mem["offsets"].items()))
+    return "\n".join(lines)

@@ -1,0 +1,154 @@
+"""fusion: decide which values live in memory, then group the rest into kernels.
+
+First the materialization decision, value by value, with the rule that decided it; then
+every op node joins a group whose single materialized root is the group's output:
+
+- 'elementwise': a chain/tree of elementwise ops evaluated in one loop nest;
+- 'reduce': a reduction with its elementwise prologue;
+- 'extern': matmul/conv/pool with an elementwise epilogue applied in place (bias + ReLU);
+- 'view': reshape/transpose/broadcast/slice of a value already in memory (an access map,
+  no kernel);
+- 'movement' / 'index': a data-movement or gather kernel of its own.
+
+The graph is unchanged; the decision is stored in ``graph.meta["fusion"]``.
+"""
+from __future__ import annotations
+
+from runtime import config
+
+from ..graph import SOURCE_OPS, Graph
+from ..ops import REGISTRY
+
+_log = config.logger("fusion")
+VIEW_OPS = ("reshape", "transpose", "broadcast_to", "slice")
+CHEAP_TO_RECOMPUTE = ("full", "arange")
+EPILOGUE_OF = ("matmul", "conv2d")
+
+
+def _kind(graph, n):
+    op = graph.op(n)
+    return "source" if op in SOURCE_OPS else REGISTRY[op].kind
+
+
+def materialization(graph: Graph):
+    """{node: rule} for every op node that must be in memory, and the refusals to log."""
+    must: dict[int, str] = {}
+    refused = []
+    outputs = set(graph.outputs)
+    for n in graph.op_nodes():
+        kind = _kind(graph, n)
+        users = graph.users(n)
+        dev = graph.node(n)["device"]
+        if n in outputs:
+            must[n] = "graph output"
+        elif kind in ("extern", "index", "reduce"):
+            must[n] = f"{kind} result"
+        elif kind == "movement" or kind == "source" and graph.op(n) not in CHEAP_TO_RECOMPUTE:
+            must[n] = f"{kind} result"
+        elif len(users) > 1 and graph.op(n) not in CHEAP_TO_RECOMPUTE:
+            must[n] = f"used by {len(users)} consumers (recomputing is not free)"
+        elif not users:
+            must[n] = "unused"
+        else:
+            (u,) = users
+            ukind = _kind(graph, u)
+            if graph.node(u)["device"] != dev:
+                must[n] = f"consumer %{u} is on another device"
+            elif ukind not in ("elementwise", "reduce"):
+                must[n] = f"consumer %{u} ({graph.op(u)}) is an {ukind} op that reads memory"
+            elif ukind == "elementwise" and graph.spec(u).size != graph.spec(n).size:
+                must[n] = (f"consumer %{u} broadcasts it ({graph.spec(n)} -> {graph.spec(u)}): "
+                           "fusing would recompute it per output element")
+        if n in must and users and kind == "elementwise":
+            refused.append((n, users, must[n]))
+    return must, refused
+
+
+def fuse(graph: Graph):
+    """Graph -> (Graph, report); the groups go to ``graph.meta['fusion']``."""
+    g = graph.copy()
+    must, refused = materialization(g)
+    parent: dict[int, int] = {}
+
+    def find(x):
+        while parent.get(x, x) != x:
+            x = parent[x]
+        return x
+
+    order = g.op_nodes()
+    epilogue_hits = []
+    for n in order:
+        parent.setdefault(n, n)
+        kind = _kind(g, n)
+        for a in dict.fromkeys(g.arg_ids(n)):
+            if g.op(a) in SOURCE_OPS:
+                continue
+            if a not in must and kind in ("elementwise", "reduce"):
+                parent[find(a)] = find(n)  # inline producer a into n
+            elif (kind == "elementwise" and g.op(a) in EPILOGUE_OF and
+                  g.users(a) == [n] and a not in g.outputs and
+                  g.spec(a).size == g.spec(n).size and
+                  g.node(a)["device"] == g.node(n)["device"] and
+                  _group_root_is(find(a), a, parent, find)):
+                parent[find(a)] = find(n)  # n becomes the epilogue of extern a
+                epilogue_hits.append((a, n))
+                must.pop(a, None)
+    groups: dict[int, list[int]] = {}
+    for n in order:
+        groups.setdefault(find(n), []).append(n)
+    out_groups = []
+    group_of = {}
+    for root, members in groups.items():
+        ops = [g.op(m) for m in members]
+        kinds = {_kind(g, m) for m in members}
+        if any(o in EPILOGUE_OF for o in ops):
+            kind = "extern"
+        elif "extern" in kinds:
+            kind = "extern"
+        elif "reduce" in kinds:
+            kind = "reduce"
+        elif len(members) == 1 and ops[0] in VIEW_OPS and all(
+                g.op(a) in SOURCE_OPS or a in must for a in g.arg_ids(members[0])):
+            kind = "view"
+        elif kinds <= {"elementwise", "source"}:
+            kind = "elementwise"
+        else:
+            kind = kinds.pop()
+        gid = len(out_groups)
+        out_groups.append({"id": gid, "kind": kind, "nodes": members, "root": root,
+                           "ops": ops, "reason": must.get(root, "group output")})
+        for m in members:
+            group_of[m] = gid
+    for n, users, why in refused:
+        if config.log_enabled("fusion"):
+            _log.info("not fusing %%%d (%s) into %s: %s", n, g.op(n),
+                      ", ".join(f"%{u}" for u in users), why)
+    g.meta["fusion"] = {"groups": out_groups, "group_of": group_of,
+                        "materialized": dict(must), "refused": refused,
+                        "epilogues": epilogue_hits}
+    kernels = [grp for grp in out_groups if grp["kind"] != "view"]
+    return g, {"kernels": len(kernels), "groups": len(out_groups),
+               "summary": f"{len(order)} op nodes -> {len(kernels)} kernel(s) "
+                          f"({sum(1 for k in kernels if k['kind'] == 'extern')} extern, "
+                          f"{len(epilogue_hits)} fused epilogue(s), "
+                          f"{sum(1 for x in out_groups if x['kind'] == 'view')} view(s))"}
+
+
+def _group_root_is(root, node, parent, find):
+    """The extern's group has not been extended yet (one epilogue chain per extern)."""
+    return root == node
+
+
+def describe(graph: Graph) -> str:
+    """One line per kernel: its kind, ops and why its output is in memory."""
+    info = graph.meta.get("fusion")
+    if not info:
+        return "(fusion has not run)"
+    lines = []
+    for grp in info["groups"]:
+        if grp["kind"] == "view":
+            continue
+        ops = " -> ".join(grp["ops"])
+        lines.append(f"  kernel {grp['id']} [{grp['kind']}] {ops}  => %{grp['root']} "
+                     f"({grp['reason']})")
+    return "\n".join(lines)

@@ -1,0 +1,205 @@
+"""simplify: constant folding, CSE, algebraic rules and DCE, run to a fixpoint.
+
+Algebraic rules are data: a table of (name, rewrite) where ``rewrite(graph, node)`` returns
+the node that replaces ``node`` or None. Hits are counted per rule in the report.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..graph import SOURCE_OPS, Graph, NodeRef
+from ..ops import REGISTRY, eager_apply
+
+FOLD_MAX_ELEMENTS = 1 << 16  # fold constants up to 256 KiB of float32; bigger stay computed
+
+
+def _scalar_arg(graph, n, pos):
+    a = graph.args(n)[pos]
+    return None if isinstance(a, NodeRef) else a
+
+
+def _same_type(graph, a, n):
+    return graph.spec(a) == graph.spec(n)
+
+
+def _identity_binary(op, unit, side):
+    """x op unit -> x (for side 1) or unit op x -> x (side 0), when the type is unchanged."""
+    def rule(graph, n):
+        if graph.op(n) != op:
+            return None
+        args = graph.args(n)
+        other = 1 - side
+        if isinstance(args[side], NodeRef) or args[side] != unit:
+            return None
+        if not isinstance(args[other], NodeRef) or not _same_type(graph, args[other].id, n):
+            return None
+        return args[other].id
+    return rule
+
+
+def _mul_zero_int(graph, n):
+    """x * 0 -> zeros, for integer x only (for floats, NaN * 0 is NaN: not safe)."""
+    if graph.op(n) != "mul" or graph.spec(n).dtype.startswith("float"):
+        return None
+    args = graph.args(n)
+    if 0 not in [a for a in args if not isinstance(a, NodeRef)]:
+        return None
+    spec = graph.spec(n)
+    return graph.add_op("full", [], {"shape": spec.shape, "value": 0, "dtype": spec.dtype},
+                        graph.node(n).get("where"), graph.node(n)["device"])
+
+
+def _double_transpose(graph, n):
+    if graph.op(n) != "transpose":
+        return None
+    (a,) = graph.arg_ids(n)
+    if graph.op(a) != "transpose":
+        return None
+    (src,) = graph.arg_ids(a)
+    nd = len(graph.spec(src).shape)
+    p1 = graph.node(a)["attrs"]["axes"] or tuple(reversed(range(nd)))
+    p2 = graph.node(n)["attrs"]["axes"] or tuple(reversed(range(nd)))
+    composed = tuple(p1[i] for i in p2)
+    if composed == tuple(range(nd)):
+        return src
+    return graph.add_op("transpose", [NodeRef(src)], {"axes": composed},
+                        graph.node(n).get("where"), graph.node(n)["device"])
+
+
+def _reshape_chain(graph, n):
+    if graph.op(n) != "reshape":
+        return None
+    (a,) = graph.arg_ids(n)
+    if graph.spec(a).shape == graph.spec(n).shape:
+        return a
+    if graph.op(a) != "reshape":
+        return None
+    (src,) = graph.arg_ids(a)
+    if graph.spec(src).shape == graph.spec(n).shape:
+        return src
+    return graph.add_op("reshape", [NodeRef(src)], {"shape": graph.spec(n).shape},
+                        graph.node(n).get("where"), graph.node(n)["device"])
+
+
+def _cast_chain(graph, n):
+    if graph.op(n) != "cast":
+        return None
+    (a,) = graph.arg_ids(n)
+    if graph.spec(a).dtype == graph.spec(n).dtype:
+        return a
+    if graph.op(a) != "cast":
+        return None
+    (src,) = graph.arg_ids(a)
+    order = ("bool", "int8", "uint8", "int32", "int64", "float16", "float32", "float64")
+    mid, dst, srcd = graph.spec(a).dtype, graph.spec(n).dtype, graph.spec(src).dtype
+    # only drop the middle cast when it cannot lose information (a widening)
+    if srcd.startswith("float") == mid.startswith("float") and order.index(mid) >= \
+            order.index(srcd):
+        if dst == srcd:
+            return src
+        return graph.add_op("cast", [NodeRef(src)], {"dtype": dst},
+                            graph.node(n).get("where"), graph.node(n)["device"])
+    return None
+
+
+def _no_op(op):
+    """Ops that are the identity in a compiled graph (autodiff already ran)."""
+    def rule(graph, n):
+        if graph.op(n) != op:
+            return None
+        (a,) = graph.arg_ids(n)
+        return a if _same_type(graph, a, n) else None
+    return rule
+
+
+def _broadcast_noop(graph, n):
+    if graph.op(n) != "broadcast_to":
+        return None
+    (a,) = graph.arg_ids(n)
+    return a if graph.spec(a) == graph.spec(n) else None
+
+
+RULES = [
+    ("x*1", _identity_binary("mul", 1, 1)),
+    ("1*x", _identity_binary("mul", 1, 0)),
+    ("x+0", _identity_binary("add", 0, 1)),
+    ("0+x", _identity_binary("add", 0, 0)),
+    ("x-0", _identity_binary("sub", 0, 1)),
+    ("x/1", _identity_binary("div", 1, 1)),
+    ("x*0 (integers)", _mul_zero_int),
+    ("transpose(transpose(x))", _double_transpose),
+    ("reshape chain", _reshape_chain),
+    ("cast chain", _cast_chain),
+    ("stop_gradient", _no_op("stop_gradient")),
+    ("copy", _no_op("copy")),
+    ("broadcast to same shape", _broadcast_noop),
+]
+
+
+def _fold(graph: Graph, n, hits) -> int | None:
+    d = graph.node(n)
+    if d["op"] in SOURCE_OPS or REGISTRY[d["op"]].kind == "source" and d["op"] != "full":
+        return None
+    if d["spec"].size > FOLD_MAX_ELEMENTS:
+        return None
+    args = graph.args(n)
+    if any(isinstance(a, NodeRef) and graph.op(a.id) != "const" for a in args):
+        return None
+    if d["op"] == "full" and graph.users(n) and all(
+            graph.op(u) not in SOURCE_OPS and REGISTRY[graph.op(u)].kind == "elementwise"
+            for u in graph.users(n)):
+        return None  # a fill feeding elementwise ops fuses into them for free
+    raw = [graph.constants[graph.node(a.id)["attrs"]["name"]] if isinstance(a, NodeRef) else a
+           for a in args]
+    value = eager_apply(np, d["op"], raw, d["attrs"], (d["spec"],))[0]
+    hits["constant folding"] = hits.get("constant folding", 0) + 1
+    return graph.add_const(np.asarray(value), device=d["device"])
+
+
+def _cse_key(graph, n):
+    d = graph.node(n)
+    args = tuple(("n", a.id) if isinstance(a, NodeRef) else ("s", type(a).__name__, a)
+                 for a in graph.args(n))
+    return (d["op"], args, repr(sorted(d["attrs"].items())), d["device"])
+
+
+def simplify(graph: Graph):
+    """Graph -> (Graph, report). Pure: the input graph is not modified."""
+    g = graph.copy()
+    hits: dict[str, int] = {}
+    changed = True
+    rounds = 0
+    while changed and rounds < 20:
+        changed = False
+        rounds += 1
+        seen: dict = {}
+        for n in g.topo_order():
+            if n not in g.g:
+                continue
+            op = g.op(n)
+            if op in SOURCE_OPS:
+                continue
+            key = _cse_key(g, n)
+            if REGISTRY[op].kind != "source" or op in ("full", "arange"):
+                if key in seen:
+                    g.replace_uses(n, seen[key])
+                    hits["common subexpression"] = hits.get("common subexpression", 0) + 1
+                    changed = True
+                    continue
+                seen[key] = n
+            new = _fold(g, n, hits)
+            if new is None:
+                for name, rule in RULES:
+                    new = rule(g, n)
+                    if new is not None:
+                        hits[name] = hits.get(name, 0) + 1
+                        break
+            if new is not None and new != n:
+                g.replace_uses(n, new)
+                changed = True
+        removed = g.remove_dead()
+        if removed:
+            hits["dead code"] = hits.get("dead code", 0) + removed
+    before, after = len(graph.op_nodes()), len(g.op_nodes())
+    return g, {"hits": hits, "summary": f"{before} -> {after} op nodes, rules "
+               + (", ".join(f"{k}x{v}" for k, v in sorted(hits.items())) or "none")}
