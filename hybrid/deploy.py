@@ -17,7 +17,7 @@ from runtime.device import parse_device
 
 from . import _state
 from .ndarray import array
-from .tracing import CachedFunction, call_cached, flatten, unflatten
+from .tracing import CachedFunction, HybridFunction, call_cached, flatten, unflatten
 
 PRODUCER = "hybrid 0.1.0"
 
@@ -50,11 +50,14 @@ def _tree_from_json(d):
 def export(block, path, example_inputs=None, check: bool = True):
     """Write the predict-mode graph of a hybridized block (and its weights) to ``path``."""
     from safetensors.numpy import save  # noqa: PLC0415
+    def call(ins):
+        with _predict():
+            return block(*ins) if isinstance(block, HybridFunction) else \
+                call_cached(block, tuple(ins), {})
     if example_inputs is not None:
         ins = example_inputs if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
-        with _predict():
-            call_cached(block, tuple(ins), {})
-    cache = getattr(block, "_cached", None)
+        call(ins)
+    cache = block.cache if isinstance(block, HybridFunction) else getattr(block, "_cached", None)
     entries = [e for e in (cache.entries.values() if isinstance(cache, CachedFunction) else [])
                if not e.signature[2]]
     if not entries:
@@ -87,8 +90,7 @@ def export(block, path, example_inputs=None, check: bool = True):
     if check and example_inputs is not None:
         deployed = load(path, device=device)
         got, _ = flatten(deployed(*ins))
-        with _predict():
-            want, _ = flatten(call_cached(block, tuple(ins), {}))
+        want, _ = flatten(call(ins))
         for a, b in zip(got, want):
             if not np.array_equal(a.asnumpy(), b.asnumpy(), equal_nan=True):
                 raise RuntimeError(f"export: the artifact at {path} does not reproduce the "
