@@ -5,7 +5,7 @@
     y = hb.tanh(x @ x.T) + 1        # returns at once; computed on the engine
     print(y)                        # a sync point
 """
-from runtime.device import Device, DeviceError, cpu, gpu, num_gpus, current_device
+from runtime.device import Device, DeviceError, cpu, gpu, num_gpus, current_device, parse_device
 from runtime.engine import AsyncOpError, WaitTimeout
 
 from . import _state, autograd, config, npx, random
@@ -16,3 +16,8 @@ from .benchmark import Benchmark
 __version__ = "0.1.0"
 np = __import__("sys").modules[__name__]  # `hb.np.tanh` reads like MXNet's `mx.np.tanh`
 from .tracing import TraceError, explain, hybridize
+from . import deploy
+from .deploy import load
+from . import nn, init, loss, data
+from .trainer import Trainer
+from .checkpoint import save, load_arrays

@@ -181,12 +181,12 @@ def backward(heads, head_grads=None, retain_graph: bool = False, train_mode: boo
                 elif leaf is not None:
                     _accumulate(leaves, id(leaf), g, leaf)
             if not retain_graph:
+                # keep the node (a later backward through it must say why it fails), not
+                # the arrays it saved
                 node.freed = True
+                node.values = node.outputs = ()
         for leaf, g in leaves.values():
             _write_grad(leaf, g)
-        if not retain_graph:
-            for h in heads:
-                h._node = None
 
 
 def _node_grads(node, outs):

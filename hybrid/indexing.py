@@ -66,8 +66,10 @@ def _basic(x, entries):
             begin.append(i), end.append(i + 1), step.append(1)
         else:
             b, en, st = e[1].indices(n)
-            begin.append(b), end.append(en), step.append(st)
             final.append(len(range(b, en, st)))
+            if en < 0:  # a reverse slice through index 0: -1 would mean the last element
+                en = -n - 1
+            begin.append(b), end.append(en), step.append(st)
         axis += 1
     return tuple(begin), tuple(end), tuple(step), tuple(final)
 
@@ -168,7 +170,8 @@ def setitem(x: NDArray, key, value):
         raise IndexError("assignment through integer-array or boolean indices is not supported;"
                          " use hb.where(mask, value, x) for masks, or basic slices")
     begin, end, step, final = _basic(x, entries)
-    region = tuple(len(range(b, e, s)) for b, e, s in zip(begin, end, step))
+    region = tuple(len(range(*slice(b, e, s).indices(n)))
+                   for b, e, s, n in zip(begin, end, step, x.shape))
     if not isinstance(value, NDArray) and not np.isscalar(value) and \
             not _state.tracing():
         value = array(value, dtype=x._dtype, device=x.device)

@@ -256,7 +256,17 @@ class NDArray:
     def __ge__(self, o): return apply("ge", (self, o), {})
 
     def _inplace(self, name, o):
-        self._rebind(apply(name, (self, o), {}))
+        new = apply(name, (self, o), {})
+        if new.shape != self.shape:  # NumPy: the result must fit the array it updates
+            raise ValueError(f"{name}: in-place result of shape {new.shape} does not fit the "
+                             f"array of shape {self.shape} (at {_fmt(user_frame())})")
+        if new._dtype != self._dtype:
+            if not np.can_cast(new._dtype, self._dtype, "same_kind"):
+                raise TypeError(f"{name}: cannot store the in-place result of dtype "
+                                f"{new._dtype} in an array of dtype {self._dtype} (at "
+                                f"{_fmt(user_frame())})")
+            new = new.astype(self._dtype)
+        self._rebind(new)
         return self
 
     def __iadd__(self, o): return self._inplace("add", o)
@@ -295,7 +305,10 @@ class NDArray:
     def var(self, axis=None, keepdims=False, ddof=0): return var(self, axis, keepdims=keepdims, ddof=ddof)
     def std(self, axis=None, keepdims=False, ddof=0): return std(self, axis, keepdims=keepdims, ddof=ddof)
     def any(self, axis=None, keepdims=False): return sum(self.astype("bool"), axis, keepdims=keepdims) > 0
-    def all(self, axis=None, keepdims=False): return min(self.astype("int32"), axis, keepdims=keepdims) > 0
+
+    def all(self, axis=None, keepdims=False):  # no min(): an empty array is all True
+        return sum(logical_not(self), axis, keepdims=keepdims) == 0
+
     def flatten(self): return reshape(self, (-1,))
     def squeeze(self, axis=None): return squeeze(self, axis)
     def expand_dims(self, axis): return expand_dims(self, axis)

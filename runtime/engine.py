@@ -21,6 +21,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 
 from . import config
 from .device import Device, cpu, cpu_count
@@ -115,6 +116,7 @@ class Engine:
         self._reset_state()
         self._pid = os.getpid()
         self._broken = None
+        _all_engines.add(self)  # every engine, not only the process one, is reset after fork
 
     def _reset_state(self):
         self._lock = threading.Lock()
@@ -445,6 +447,7 @@ on_core_share(_numpy_blas_threads)
 # ----------------------------------------------------------------- the engine
 _engine: Engine | None = None
 _engine_lock = threading.Lock()
+_all_engines: "weakref.WeakSet[Engine]" = weakref.WeakSet()
 
 
 def get_engine() -> Engine:
@@ -474,8 +477,8 @@ def _at_exit():
 
 
 def _after_fork_in_child():
-    if _engine is not None:
-        _engine._after_fork()
+    for eng in list(_all_engines):
+        eng._after_fork()
 
 
 _canonical: dict = {None: cpu(0)}

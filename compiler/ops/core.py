@@ -90,8 +90,9 @@ def result_dtype(*args) -> str:
     """
     arrays = [spec_of(a).dtype for a in args if not is_scalar(a)]
     scalars = [a for a in args if is_scalar(a)]
-    if not arrays:
-        return np.result_type(*[_scalar_dtype(s) for s in scalars]).name
+    if not arrays:  # weak types alone: the widest kind, at its default width
+        kinds = {_scalar_dtype(s) for s in scalars}
+        return next(k for k in (DEFAULT_FLOAT, "int64", "bool") if k in kinds)
     dt = np.result_type(*arrays).name if len(arrays) > 1 else arrays[0]
     dt = _WIDEN.get(dt, dt)  # int8 with uint8 is int16 in NumPy, which we do not support
     for s in scalars:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from .core import OpError, Spec, check_dtype, dtype_name, register
 
 GOLDEN = 0x9E3779B97F4A7C15
@@ -51,6 +53,10 @@ def _randint_infer(key, shape, low=0, high=2, dtype="int64"):
     check_dtype("random_randint", "dtype", dt, "int")
     if high <= low:
         raise OpError(f"randint: high ({high}) must be greater than low ({low})")
+    info = np.iinfo(dt)
+    if low < info.min or high - 1 > info.max:
+        raise OpError(f"randint: [{low}, {high}) does not fit dtype {dt} "
+                      f"([{info.min}, {info.max}])")
     return Spec(tuple(int(s) for s in shape), dt)
 
 

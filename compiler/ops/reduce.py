@@ -80,6 +80,8 @@ def _arg_infer(name):
         check_dtype(name, "x", x.dtype, "numeric")
         if axis is not None and not isinstance(axis, (int, np.integer)):
             raise OpError(f"{name}: axis must be an int or None, got {axis!r}")
+        if axis is not None:
+            normalize_axis(axis, x.ndim, name)
         if x.size == 0:
             raise OpError(f"{name}: attempt to get {name} of an empty sequence")
         if axis is None:

@@ -1,0 +1,359 @@
+"""Gluon's layers: Dense, Conv2D, pooling, BatchNorm, Dropout, Flatten, Activation, Embedding,
+LayerNorm.
+
+Every ``forward`` is written with hybrid ops and ``hybrid.npx`` functions only (no
+``asnumpy()``, no Python branching on array values), so layers trace into graphs. Unknown
+input sizes (``in_units=0``, ``in_channels=0``) are learned at the first call: the layer tells
+its parameters the shape the input implies (``Parameter._finish_deferred_init``).
+"""
+from __future__ import annotations
+
+import math
+
+from compiler.ops import composite as _c
+
+from .. import npx
+from ..ndarray import F
+from .block import HybridBlock
+from .parameter import Parameter
+
+__all__ = ["Dense", "Conv2D", "MaxPool2D", "AvgPool2D", "GlobalAvgPool2D", "GlobalMaxPool2D",
+           "BatchNorm", "Dropout", "Flatten", "Activation", "LeakyReLU", "Embedding",
+           "LayerNorm"]
+
+ACTIVATIONS = ("relu", "sigmoid", "tanh", "softrelu", "softsign", "gelu")
+
+
+def _dev(x):
+    """The device of an input (None for a traced value without one)."""
+    return getattr(x, "device", None)
+
+
+def _pair(v, name, who):
+    if isinstance(v, int):
+        return (v, v)
+    v = tuple(int(a) for a in v)
+    if len(v) != 2:
+        raise ValueError(f"{who}: {name} must be an int or a pair of ints, got {v}")
+    return v
+
+
+def _opt_act(activation):
+    return Activation(activation) if activation is not None else None
+
+
+class Activation(HybridBlock):
+    """An elementwise activation: 'relu', 'sigmoid', 'tanh', 'softrelu', 'softsign' or
+    'gelu'."""
+
+    def __init__(self, activation: str, **kwargs):
+        super().__init__(**kwargs)
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"Activation: activation must be one of {ACTIVATIONS}, got "
+                             f"{activation!r}")
+        self._act_type = activation
+
+    def forward(self, x):
+        return npx.activation(x, act_type=self._act_type)
+
+    def __repr__(self):
+        return f"Activation({self._act_type})"
+
+
+class LeakyReLU(HybridBlock):
+    """max(x, 0) + alpha * min(x, 0)."""
+
+    def __init__(self, alpha: float, **kwargs):
+        super().__init__(**kwargs)
+        if alpha < 0:
+            raise ValueError(f"LeakyReLU: alpha must be >= 0, got {alpha}")
+        self._alpha = float(alpha)
+
+    def forward(self, x):
+        return F.where(F.gt(x, 0.0), x, F.mul(x, self._alpha))
+
+    def __repr__(self):
+        return f"LeakyReLU({self._alpha})"
+
+
+class Dense(HybridBlock):
+    """A fully connected layer: ``activation(x @ weight.T + bias)``.
+
+    weight has shape (units, in_units); ``in_units=0`` is learned from the first input.
+    flatten=True flattens inputs to (batch, -1) first; otherwise the last axis is
+    transformed.
+    """
+
+    def __init__(self, units: int, activation=None, use_bias: bool = True, flatten: bool = True,
+                 dtype="float32", weight_initializer=None, bias_initializer="zeros",
+                 in_units: int = 0, **kwargs):
+        super().__init__(**kwargs)
+        if int(units) <= 0:
+            raise ValueError(f"Dense: units must be a positive int, got {units!r}")
+        self._units = int(units)
+        self._flatten = flatten
+        self.weight = Parameter("weight", shape=(self._units, in_units), dtype=dtype,
+                                init=weight_initializer)
+        self.bias = Parameter("bias", shape=(self._units,), dtype=dtype,
+                              init=bias_initializer) if use_bias else None
+        self.act = _opt_act(activation)
+
+    def forward(self, x):
+        if self._flatten:
+            in_units = int(math.prod(x.shape[1:])) if len(x.shape) > 1 else 1
+        else:
+            in_units = x.shape[-1]
+        self.weight._finish_deferred_init((self._units, in_units))
+        dev = _dev(x)
+        bias = self.bias.data(dev) if self.bias is not None else None
+        out = npx.fully_connected(x, self.weight.data(dev), bias, no_bias=bias is None,
+                                  flatten=self._flatten)
+        return self.act(out) if self.act is not None else out
+
+    def __repr__(self):
+        shape = self.weight.shape
+        return f"Dense({shape[1] or None} -> {shape[0]}, {self.act if self.act else 'linear'})"
+
+
+class Conv2D(HybridBlock):
+    """2-D convolution over NCHW input; weight (channels, in_channels / groups, kh, kw)."""
+
+    def __init__(self, channels: int, kernel_size, strides=1, padding=0, dilation=1,
+                 groups: int = 1, layout: str = "NCHW", activation=None, use_bias: bool = True,
+                 weight_initializer=None, bias_initializer="zeros", in_channels: int = 0,
+                 dtype="float32", **kwargs):
+        super().__init__(**kwargs)
+        if layout != "NCHW":
+            raise ValueError(f"Conv2D: only layout='NCHW' is supported, got {layout!r}")
+        if int(channels) <= 0 or int(groups) <= 0 or channels % groups:
+            raise ValueError(f"Conv2D: channels ({channels}) must be a positive multiple of "
+                             f"groups ({groups})")
+        if in_channels % groups:
+            raise ValueError(f"Conv2D: in_channels ({in_channels}) must be a multiple of "
+                             f"groups ({groups})")
+        self._channels = int(channels)
+        self._kernel = _pair(kernel_size, "kernel_size", "Conv2D")
+        self._strides = _pair(strides, "strides", "Conv2D")
+        self._padding = _pair(padding, "padding", "Conv2D")
+        self._dilation = _pair(dilation, "dilation", "Conv2D")
+        self._groups = int(groups)
+        self.weight = Parameter("weight", shape=(self._channels, in_channels // groups)
+                                + self._kernel, dtype=dtype, init=weight_initializer)
+        self.bias = Parameter("bias", shape=(self._channels,), dtype=dtype,
+                              init=bias_initializer) if use_bias else None
+        self.act = _opt_act(activation)
+
+    def forward(self, x):
+        if len(x.shape) != 4:
+            raise ValueError(f"Conv2D expects NCHW input (4 dimensions), got shape "
+                             f"{tuple(x.shape)}")
+        c = x.shape[1]
+        if c % self._groups:
+            raise ValueError(f"Conv2D: the input has {c} channels, not a multiple of "
+                             f"groups={self._groups}")
+        self.weight._finish_deferred_init((self._channels, c // self._groups) + self._kernel)
+        dev = _dev(x)
+        bias = self.bias.data(dev) if self.bias is not None else None
+        out = npx.convolution(x, self.weight.data(dev), bias, stride=self._strides,
+                              dilate=self._dilation, pad=self._padding,
+                              num_group=self._groups, no_bias=bias is None)
+        return self.act(out) if self.act is not None else out
+
+    def __repr__(self):
+        shape = self.weight.shape
+        s = (f"Conv2D({shape[1] * self._groups or None} -> {shape[0]}, "
+             f"kernel_size={self._kernel}, stride={self._strides}")
+        if self._padding != (0, 0):
+            s += f", padding={self._padding}"
+        if self._dilation != (1, 1):
+            s += f", dilation={self._dilation}"
+        if self._groups != 1:
+            s += f", groups={self._groups}"
+        if self.bias is None:
+            s += ", bias=False"
+        if self.act is not None:
+            s += f", {self.act}"
+        return s + ")"
+
+
+class _Pool2D(HybridBlock):
+    _pool_type = "max"
+
+    def __init__(self, pool_size=2, strides=None, padding=0, layout: str = "NCHW",
+                 ceil_mode: bool = False, count_include_pad: bool = True,
+                 global_pool: bool = False, **kwargs):
+        super().__init__(**kwargs)
+        who = type(self).__name__
+        if layout != "NCHW":
+            raise ValueError(f"{who}: only layout='NCHW' is supported, got {layout!r}")
+        if ceil_mode and not global_pool:
+            raise ValueError(f"{who}: ceil_mode=True is not supported; pad the input instead")
+        self._size = _pair(pool_size, "pool_size", who)
+        self._strides = self._size if strides is None else _pair(strides, "strides", who)
+        self._padding = _pair(padding, "padding", who)
+        self._global = global_pool
+        self._count_include_pad = count_include_pad
+
+    def forward(self, x):
+        return npx.pooling(x, kernel=self._size, stride=self._strides, pad=self._padding,
+                           pool_type=self._pool_type, global_pool=self._global,
+                           count_include_pad=self._count_include_pad)
+
+    def __repr__(self):
+        return (f"{type(self).__name__}(size={self._size}, stride={self._strides}, "
+                f"padding={self._padding}, ceil_mode={self._global}, "
+                f"global_pool={self._global}, pool_type={self._pool_type}, layout=NCHW)")
+
+
+class MaxPool2D(_Pool2D):
+    """Max pooling over pool_size windows (strides default to pool_size)."""
+    _pool_type = "max"
+
+
+class AvgPool2D(_Pool2D):
+    """Average pooling (count_include_pad=True counts padding zeros, as MXNet does)."""
+    _pool_type = "avg"
+
+
+class GlobalMaxPool2D(_Pool2D):
+    """Max over each channel's whole map: (N, C, H, W) -> (N, C, 1, 1)."""
+    _pool_type = "max"
+
+    def __init__(self, layout: str = "NCHW", **kwargs):
+        super().__init__((1, 1), (1, 1), 0, layout, True, True, True, **kwargs)
+
+
+class GlobalAvgPool2D(_Pool2D):
+    """Mean over each channel's whole map: (N, C, H, W) -> (N, C, 1, 1)."""
+    _pool_type = "avg"
+
+    def __init__(self, layout: str = "NCHW", **kwargs):
+        super().__init__((1, 1), (1, 1), 0, layout, True, True, True, **kwargs)
+
+
+class BatchNorm(HybridBlock):
+    """Batch normalization over ``axis`` (the channel axis).
+
+    Training (``autograd.record()``) normalizes with the batch's statistics and updates
+    running_mean / running_var in place: running = momentum * running + (1 - momentum) * batch
+    (biased batch variance, as MXNet). Prediction uses the running statistics.
+    """
+
+    def __init__(self, axis: int = 1, momentum: float = 0.9, epsilon: float = 1e-5,
+                 center: bool = True, scale: bool = True, use_global_stats: bool = False,
+                 beta_initializer="zeros", gamma_initializer="ones",
+                 running_mean_initializer="zeros", running_variance_initializer="ones",
+                 in_channels: int = 0, dtype="float32", **kwargs):
+        super().__init__(**kwargs)
+        self._kwargs = {"axis": axis, "eps": epsilon, "momentum": momentum,
+                        "fix_gamma": not scale, "use_global_stats": use_global_stats}
+        self._axis = axis
+        self._eps = float(epsilon)
+        self._momentum = float(momentum)
+        self._scale = scale
+        self._use_global_stats = use_global_stats
+        c = (in_channels,)
+        self.gamma = Parameter("gamma", shape=c, init=gamma_initializer, dtype=dtype,
+                               grad_req="write" if scale else "null", differentiable=scale)
+        self.beta = Parameter("beta", shape=c, init=beta_initializer, dtype=dtype,
+                              grad_req="write" if center else "null", differentiable=center)
+        self.running_mean = Parameter("running_mean", shape=c, init=running_mean_initializer,
+                                      dtype=dtype, grad_req="null", differentiable=False)
+        self.running_var = Parameter("running_var", shape=c,
+                                     init=running_variance_initializer, dtype=dtype,
+                                     grad_req="null", differentiable=False)
+
+    def forward(self, x):
+        c = (x.shape[self._axis],)
+        for p in (self.gamma, self.beta, self.running_mean, self.running_var):
+            p._finish_deferred_init(c)
+        dev = _dev(x)
+        return npx.batch_norm(x, self.gamma.data(dev), self.beta.data(dev),
+                              self.running_mean.data(dev), self.running_var.data(dev),
+                              eps=self._eps, momentum=self._momentum, axis=self._axis,
+                              fix_gamma=not self._scale,
+                              use_global_stats=self._use_global_stats)
+
+    def __repr__(self):
+        content = ", ".join(f"{k}={v!r}" for k, v in self._kwargs.items())
+        return f"BatchNorm({content}, in_channels={self.gamma.shape[0] or None})"
+
+
+class LayerNorm(HybridBlock):
+    """Layer normalization over ``axis`` (the last by default)."""
+
+    def __init__(self, axis: int = -1, epsilon: float = 1e-5, center: bool = True,
+                 scale: bool = True, beta_initializer="zeros", gamma_initializer="ones",
+                 in_channels: int = 0, dtype="float32", **kwargs):
+        super().__init__(**kwargs)
+        self._axis = axis
+        self._eps = float(epsilon)
+        self._center, self._scale = center, scale
+        self.gamma = Parameter("gamma", shape=(in_channels,), init=gamma_initializer,
+                               dtype=dtype, grad_req="write" if scale else "null",
+                               differentiable=scale)
+        self.beta = Parameter("beta", shape=(in_channels,), init=beta_initializer,
+                              dtype=dtype, grad_req="write" if center else "null",
+                              differentiable=center)
+
+    def forward(self, x):
+        c = (x.shape[self._axis],)
+        self.gamma._finish_deferred_init(c)
+        self.beta._finish_deferred_init(c)
+        dev = _dev(x)
+        return npx.layer_norm(x, self.gamma.data(dev), self.beta.data(dev), axis=self._axis,
+                              eps=self._eps)
+
+    def __repr__(self):
+        return (f"LayerNorm(axis={self._axis}, eps={self._eps}, center={self._center}, "
+                f"scale={self._scale}, in_channels={self.gamma.shape[0] or None})")
+
+
+class Dropout(HybridBlock):
+    """Zero each element with probability ``rate`` while training (scaled by 1/(1-rate));
+    the identity in prediction."""
+
+    def __init__(self, rate: float, axes=(), **kwargs):
+        super().__init__(**kwargs)
+        if not 0 <= rate < 1:
+            raise ValueError(f"Dropout: rate must be in [0, 1), got {rate}")
+        if axes:
+            raise ValueError("Dropout: axes (a shared mask along some axes) is not supported")
+        self._rate = float(rate)
+        self._axes = tuple(axes)
+
+    def forward(self, x):
+        return npx.dropout(x, p=self._rate)
+
+    def __repr__(self):
+        return f"Dropout(p = {self._rate}, axes={self._axes})"
+
+
+class Flatten(HybridBlock):
+    """(N, d1, d2, ...) -> (N, d1 * d2 * ...)."""
+
+    def forward(self, x):
+        return _c.flatten(F, x)
+
+    def __repr__(self):
+        return "Flatten"
+
+
+class Embedding(HybridBlock):
+    """Rows of a (input_dim, output_dim) table at integer indices."""
+
+    def __init__(self, input_dim: int, output_dim: int, dtype="float32",
+                 weight_initializer=None, sparse_grad: bool = False, **kwargs):
+        super().__init__(**kwargs)
+        if sparse_grad:
+            raise ValueError("Embedding: sparse_grad=True is not supported")
+        self._input_dim, self._output_dim = int(input_dim), int(output_dim)
+        self._dtype = dtype
+        self.weight = Parameter("weight", shape=(self._input_dim, self._output_dim),
+                                dtype=dtype, init=weight_initializer)
+
+    def forward(self, x):
+        return npx.embedding(x, self.weight.data(_dev(x)), self._input_dim, self._output_dim)
+
+    def __repr__(self):
+        return f"Embedding({self._input_dim} -> {self._output_dim}, {self.weight._dtype})"

@@ -1,0 +1,299 @@
+"""Optimizers (``hybrid.optimizer``): SGD, NAG, Adam, AdamW, RMSProp, AdaGrad.
+
+Updates follow MXNet's formulas and are written as hybrid array ops, so they run on the
+engine like the rest of a training step; results are assigned in place with
+``weight[:] = new`` (engine-ordered). Every update first takes
+``g = clip(rescale_grad * grad, -clip_gradient, clip_gradient)``; the Trainer sets
+``rescale_grad`` to 1 / batch_size.
+"""
+from __future__ import annotations
+
+import math
+
+from .ndarray import NDArray, clip, sqrt, square, zeros
+
+__all__ = ["Optimizer", "SGD", "NAG", "Adam", "AdamW", "RMSProp", "AdaGrad", "create",
+           "register"]
+
+_REGISTRY: dict = {}
+
+
+def register(cls):
+    """Register an optimizer class under its lower-cased name, for ``create('name')``."""
+    _REGISTRY[cls.__name__.lower()] = cls
+    return cls
+
+
+def create(name, **kwargs) -> "Optimizer":
+    if isinstance(name, Optimizer):
+        if kwargs:
+            raise ValueError("optimizer_params must be empty when an Optimizer instance is "
+                             "given")
+        return name
+    cls = _REGISTRY.get(str(name).lower())
+    if cls is None:
+        raise ValueError(f"unknown optimizer {name!r}; known: {', '.join(sorted(_REGISTRY))}")
+    return cls(**kwargs)
+
+
+class Optimizer:
+    """Base class. Subclasses define ``create_state(index, weight)`` and
+    ``_update_one(index, weight, grad, state, lr, wd)`` written with array ops.
+
+    learning_rate, lr_scheduler (called with the update count), wd (L2 weight decay),
+    clip_gradient, rescale_grad; per-parameter lr_mult / wd_mult come from the Parameters.
+    """
+
+    _HYPER = ()  # names of float hyper-parameters saved with the trainer's states
+
+    def __init__(self, learning_rate=None, lr_scheduler=None, wd: float = 0.0,
+                 clip_gradient=None, rescale_grad: float = 1.0, begin_num_update: int = 0,
+                 multi_precision: bool = False, param_dict=None, use_fused_step=None):
+        self.lr_scheduler = lr_scheduler
+        if lr_scheduler is not None and learning_rate is not None:
+            lr_scheduler.base_lr = float(learning_rate)
+            lr_scheduler.warmup_final_lr = float(learning_rate)
+        if learning_rate is None:
+            learning_rate = lr_scheduler.base_lr if lr_scheduler is not None else 0.01
+        self.lr = float(learning_rate)
+        self.wd = float(wd)
+        if clip_gradient is not None and clip_gradient <= 0:
+            raise ValueError(f"clip_gradient must be positive (or None), got {clip_gradient}")
+        self.clip_gradient = clip_gradient
+        self.rescale_grad = float(rescale_grad)
+        self.begin_num_update = int(begin_num_update)
+        self.num_update = int(begin_num_update)
+        self._index_update_count: dict = {}
+        self.multi_precision = multi_precision
+        self.param_dict = param_dict or {}
+
+    # ------------------------------------------------------------ learning rate
+    @property
+    def learning_rate(self) -> float:
+        if self.lr_scheduler is not None:
+            return self.lr_scheduler(self.num_update)
+        return self.lr
+
+    def set_learning_rate(self, lr: float):
+        if self.lr_scheduler is not None:
+            raise RuntimeError("this optimizer has an lr_scheduler: set_learning_rate can only "
+                               "change the rate of an optimizer without one")
+        self.lr = float(lr)
+
+    def _count(self, index):
+        c = self._index_update_count.get(index, self.begin_num_update) + 1
+        self._index_update_count[index] = c
+        self.num_update = max(self.num_update, c)
+        return c
+
+    def _lr_wd(self, index):
+        lr, wd = self.learning_rate, self.wd
+        p = self.param_dict.get(index)
+        if p is not None:
+            lr *= p.lr_mult
+            wd *= p.wd_mult
+        return lr, wd
+
+    # ------------------------------------------------------------ update
+    def create_state(self, index, weight: NDArray):
+        return None
+
+    def _grad(self, grad):
+        g = grad * self.rescale_grad if self.rescale_grad != 1.0 else grad
+        if self.clip_gradient is not None:
+            g = clip(g, -self.clip_gradient, self.clip_gradient)
+        return g
+
+    def update(self, index, weights, grads, states):
+        """One step for parameter ``index``: ``weights``, ``grads``, ``states`` are lists
+        with one entry per device (identical values); each copy gets the same update."""
+        t = self._count(index)
+        lr, wd = self._lr_wd(index)
+        for w, g, s in zip(weights, grads, states):
+            self._update_one(index, w, g, s, lr, wd, t)
+
+    def _update_one(self, index, weight, grad, state, lr, wd, t):
+        raise NotImplementedError
+
+    def hyper(self) -> dict:
+        out = {"lr": self.lr, "wd": self.wd, "rescale_grad": self.rescale_grad,
+               "clip_gradient": self.clip_gradient}
+        out.update({k: getattr(self, k) for k in self._HYPER})
+        return out
+
+    def __repr__(self):
+        args = ", ".join(f"{k}={v!r}" for k, v in self.hyper().items())
+        return f"{type(self).__name__}({args})"
+
+
+def _zeros_like(w):
+    return zeros(w.shape, dtype=w.dtype, device=w.device)
+
+
+@register
+class SGD(Optimizer):
+    """g += wd * w; with momentum: m = momentum * m - lr * g; w += m. Else w -= lr * g."""
+
+    _HYPER = ("momentum",)
+
+    def __init__(self, learning_rate=None, momentum: float = 0.0, lazy_update=False, **kw):
+        super().__init__(learning_rate, **kw)
+        self.momentum = float(momentum)
+
+    def create_state(self, index, weight):
+        return _zeros_like(weight) if self.momentum else None
+
+    def _update_one(self, index, weight, grad, state, lr, wd, t):
+        if self.clip_gradient is None:  # lr * (rescale * grad + wd * weight), scalars folded
+            d = grad * (lr * self.rescale_grad)
+            if wd:
+                d = d + (lr * wd) * weight
+        else:
+            g = self._grad(grad)
+            d = lr * (g + wd * weight) if wd else lr * g
+        if state is None:
+            weight[:] = weight - d
+        else:
+            state[:] = self.momentum * state - d
+            weight[:] = weight + state
+
+
+@register
+class NAG(Optimizer):
+    """Nesterov momentum (MXNet): m = momentum * m - lr * g; w += momentum * m - lr * g."""
+
+    _HYPER = ("momentum",)
+
+    def __init__(self, learning_rate=None, momentum: float = 0.9, **kw):
+        super().__init__(learning_rate, **kw)
+        self.momentum = float(momentum)
+
+    def create_state(self, index, weight):
+        return _zeros_like(weight) if self.momentum else None
+
+    def _update_one(self, index, weight, grad, state, lr, wd, t):
+        g = self._grad(grad)
+        if wd:
+            g = g + wd * weight
+        if state is None:
+            weight[:] = weight - lr * g
+        else:
+            state[:] = self.momentum * state - lr * g
+            weight[:] = weight + (self.momentum * state - lr * g)
+
+
+@register
+class Adam(Optimizer):
+    """Adam (MXNet): g += wd * w; m, v moving averages; the bias correction is folded into
+    the rate: w -= lr * sqrt(1 - beta2^t) / (1 - beta1^t) * m / (sqrt(v) + epsilon)."""
+
+    _HYPER = ("beta1", "beta2", "epsilon")
+
+    def __init__(self, learning_rate=0.001, beta1: float = 0.9, beta2: float = 0.999,
+                 epsilon: float = 1e-8, lazy_update=False, **kw):
+        super().__init__(learning_rate, **kw)
+        self.beta1, self.beta2, self.epsilon = float(beta1), float(beta2), float(epsilon)
+
+    def create_state(self, index, weight):
+        return (_zeros_like(weight), _zeros_like(weight))
+
+    def _update_one(self, index, weight, grad, state, lr, wd, t):
+        m, v = state
+        g = self._grad(grad)
+        if wd:
+            g = g + wd * weight
+        lr_t = lr * math.sqrt(1 - self.beta2 ** t) / (1 - self.beta1 ** t)
+        m[:] = self.beta1 * m + (1 - self.beta1) * g
+        v[:] = self.beta2 * v + (1 - self.beta2) * square(g)
+        weight[:] = weight - lr_t * m / (sqrt(v) + self.epsilon)
+
+
+@register
+class AdamW(Optimizer):
+    """Adam with decoupled weight decay (Loshchilov & Hutter):
+    w -= lr * (m_hat / (sqrt(v_hat) + epsilon) + wd * w), with bias-corrected m_hat, v_hat
+    (correct_bias=True)."""
+
+    _HYPER = ("beta1", "beta2", "epsilon")
+
+    def __init__(self, learning_rate=0.001, beta1: float = 0.9, beta2: float = 0.999,
+                 epsilon: float = 1e-6, correct_bias: bool = True, **kw):
+        super().__init__(learning_rate, **kw)
+        self.beta1, self.beta2, self.epsilon = float(beta1), float(beta2), float(epsilon)
+        self.correct_bias = correct_bias
+
+    def create_state(self, index, weight):
+        return (_zeros_like(weight), _zeros_like(weight))
+
+    def _update_one(self, index, weight, grad, state, lr, wd, t):
+        m, v = state
+        g = self._grad(grad)
+        m[:] = self.beta1 * m + (1 - self.beta1) * g
+        v[:] = self.beta2 * v + (1 - self.beta2) * square(g)
+        c1 = 1 - self.beta1 ** t if self.correct_bias else 1.0
+        c2 = 1 - self.beta2 ** t if self.correct_bias else 1.0
+        step = (m / c1) / (sqrt(v / c2) + self.epsilon)
+        if wd:
+            step = step + wd * weight
+        weight[:] = weight - lr * step
+
+
+@register
+class RMSProp(Optimizer):
+    """RMSProp (MXNet): v = rho * v + (1 - rho) * g^2; w -= lr * g / (sqrt(v) + epsilon).
+    centered=True (Graves) also tracks the mean gradient and uses momentum:
+    mom = momentum * mom - lr * g / (sqrt(v - mean^2) + epsilon); w += mom."""
+
+    _HYPER = ("rho", "momentum", "epsilon")
+
+    def __init__(self, learning_rate=0.001, rho: float = 0.9, momentum: float = 0.9,
+                 epsilon: float = 1e-8, centered: bool = False, clip_weights=None, **kw):
+        super().__init__(learning_rate, **kw)
+        self.rho, self.momentum, self.epsilon = float(rho), float(momentum), float(epsilon)
+        self.centered = centered
+        self.clip_weights = clip_weights
+
+    def create_state(self, index, weight):
+        if self.centered:
+            return (_zeros_like(weight), _zeros_like(weight), _zeros_like(weight))
+        return (_zeros_like(weight),)
+
+    def _update_one(self, index, weight, grad, state, lr, wd, t):
+        g = self._grad(grad)
+        if wd:
+            g = g + wd * weight
+        if not self.centered:
+            (v,) = state
+            v[:] = self.rho * v + (1 - self.rho) * square(g)
+            new = weight - lr * g / (sqrt(v) + self.epsilon)
+        else:
+            v, mean, mom = state
+            v[:] = self.rho * v + (1 - self.rho) * square(g)
+            mean[:] = self.rho * mean + (1 - self.rho) * g
+            mom[:] = self.momentum * mom - lr * g / (sqrt(v - square(mean)) + self.epsilon)
+            new = weight + mom
+        if self.clip_weights:
+            new = clip(new, -self.clip_weights, self.clip_weights)
+        weight[:] = new
+
+
+@register
+class AdaGrad(Optimizer):
+    """AdaGrad: h += g^2; w -= lr * g / (sqrt(h) + epsilon)."""
+
+    _HYPER = ("epsilon",)
+
+    def __init__(self, learning_rate=0.01, epsilon: float = 1e-6, **kw):
+        super().__init__(learning_rate, **kw)
+        self.epsilon = float(epsilon)
+
+    def create_state(self, index, weight):
+        return (_zeros_like(weight),)
+
+    def _update_one(self, index, weight, grad, state, lr, wd, t):
+        (h,) = state
+        g = self._grad(grad)
+        if wd:
+            g = g + wd * weight
+        h[:] = h + square(g)
+        weight[:] = weight - lr * g / (sqrt(h) + self.epsilon)

@@ -1,0 +1,111 @@
+"""BLAS for generated native code: the ``scipy-openblas32`` wheel's OpenBLAS.
+
+The wheel ships OpenBLAS with 32-bit integers and prefixed symbols (``scipy_cblas_sgemm``) so
+it never clashes with NumPy's private copy. :func:`load` opens it (RTLD_GLOBAL) and registers
+its entry points with LLVM under hybrid's own names (``hybrid_cblas_sgemm`` -> the wheel's
+``scipy_cblas_sgemm``), so JIT-compiled code calls BLAS directly, with no Python in between.
+
+Threads: each CPU device gets its share of the cores (``runtime.engine.on_core_share``);
+the hook sets OpenBLAS's thread count to that share.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+
+from . import config
+
+_log = config.logger("codegen")
+
+# name used in generated IR -> unprefixed CBLAS name in the wheel
+FUNCTIONS = {
+    "hybrid_cblas_sgemm": "cblas_sgemm",
+    "hybrid_cblas_dgemm": "cblas_dgemm",
+    "hybrid_cblas_sgemv": "cblas_sgemv",
+    "hybrid_cblas_dgemv": "cblas_dgemv",
+}
+CBLAS_ROW_MAJOR = 101
+CBLAS_NO_TRANS = 111
+CBLAS_TRANS = 112
+
+
+class BlasUnavailable(RuntimeError):
+    """The scipy-openblas32 wheel is not installed or cannot be loaded."""
+
+
+_lock = threading.Lock()
+_state: dict = {}
+
+
+def _library_path() -> str:
+    try:
+        import scipy_openblas32 as sob  # noqa: PLC0415 - optional until BLAS is needed
+    except ImportError as exc:
+        raise BlasUnavailable("generated code calls BLAS from the scipy-openblas32 wheel: "
+                              "pip install scipy-openblas32") from exc
+    libdir = sob.get_lib_dir()
+    names = [n for n in os.listdir(libdir) if n.startswith("libscipy_openblas")
+             and (".so" in n or n.endswith(".dylib") or n.endswith(".dll"))]
+    if not names:
+        raise BlasUnavailable(f"no OpenBLAS shared library in {libdir}")
+    return os.path.join(libdir, sorted(names)[0])
+
+
+def _find(lib, name: str):
+    """(symbol name, ctypes function) of a CBLAS/OpenBLAS function, whatever its prefix."""
+    for prefix in ("scipy_", ""):
+        for suffix in ("", "64_"):
+            sym = prefix + name + suffix
+            try:
+                return sym, getattr(lib, sym)
+            except AttributeError:
+                continue
+    raise BlasUnavailable(f"OpenBLAS library has no symbol for {name}")
+
+
+def load():
+    """Load OpenBLAS once; register its symbols with LLVM. Returns the ctypes library."""
+    lib = _state.get("lib")
+    if lib is not None:
+        return lib
+    with _lock:
+        if "lib" in _state:
+            return _state["lib"]
+        import llvmlite.binding as llvm  # noqa: PLC0415 - only with native code
+        path = _library_path()
+        lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+        for ours, name in FUNCTIONS.items():
+            _sym, fn = _find(lib, name)
+            llvm.add_symbol(ours, ctypes.cast(fn, ctypes.c_void_p).value)
+        _sym, setter = _find(lib, "openblas_set_num_threads")
+        setter.argtypes = [ctypes.c_int]
+        setter.restype = None
+        _sym, getter = _find(lib, "openblas_get_num_threads")
+        getter.restype = ctypes.c_int
+        _state["set_threads"] = setter
+        _state["get_threads"] = getter
+        _state["lib"] = lib
+        _state["path"] = path
+        _log.info("BLAS: %s", path)
+    from . import engine  # noqa: PLC0415 - after the library is ready
+    engine.on_core_share(set_threads)
+    return lib
+
+
+def set_threads(n: int):
+    """OpenBLAS threads for generated code (the hook of engine.on_core_share)."""
+    setter = _state.get("set_threads")
+    if setter is not None:
+        setter(max(1, int(n)))
+        _log.info("BLAS threads: %d", n)
+
+
+def get_threads() -> int:
+    load()
+    return int(_state["get_threads"]())
+
+
+def library_path() -> str:
+    load()
+    return _state["path"]
