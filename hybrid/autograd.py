@@ -158,6 +158,9 @@ def backward(heads, head_grads=None, retain_graph: bool = False, train_mode: boo
         grads: dict = {}
         leaves: dict = {}
         for h, hg in zip(heads, head_grads):
+            if hg is not None and tuple(hg.shape) != h.shape:
+                raise ValueError(f"backward: the head gradient has shape {tuple(hg.shape)}, "
+                                 f"but its head has shape {h.shape}")
             g = ones_like(h) if hg is None else hg
             if h._node is not None:
                 _accumulate(grads, (id(h._node[0]), h._node[1]), g)

@@ -142,6 +142,13 @@ def _advanced(x, entries, arrays):
             pos = i if i < first else i - len(arrays) + nidx
             shape.pop(pos)
         out = reshape(out, tuple(shape))
+        group = sorted(drop + arrays)  # NumPy: integers count as advanced indices too,
+        if group != list(range(group[0], group[-1] + 1)):  # and a split group goes first
+            pos = sum(1 for i in range(first) if entries[i][0] != "int")
+            nidx = len(flat.shape)
+            axes = list(range(pos, pos + nidx)) + list(range(pos)) + \
+                list(range(pos + nidx, len(out.shape)))
+            out = apply("transpose", (out,), {"axes": tuple(axes)})
     return out
 
 

@@ -133,10 +133,6 @@ def _float_or_f32(dt):
     return dt if dt in FLOATS else "float32"
 
 
-def _is_float(dt):
-    return dt in FLOATS
-
-
 # ============================================================================ unary
 def unary_samples(lo=-2.0, hi=2.0, gen=None):
     def make(rng, dt):
@@ -403,10 +399,18 @@ def _sum_samples(rng, dt):
 case("sum", _sum_samples, lambda x, axis=None, keepdims=False: np.sum(
          x, axis=axis, keepdims=keepdims), ALL, out_dtype=_sum_dtype, tol=ACC_TOL,
      errors=_reduce_errors("sum", True))
+def _prod_grad_samples(rng):
+    x = rand(rng, (2, 3, 4), "float64", 0.5, 1.5)
+    x[0, 1, 2] = x[1, 0, 0] = x[1, 0, 3] = 0.0  # a lone zero in some rows, two in others
+    return reduce_samples(lambda r, s, d: rand(r, s, d, 0.5, 1.5))(rng, "float64") + [
+        Sample((x,), {"axis": a}) for a in (None, 0, 2, (0, 2))]
+
+
 case("prod", reduce_samples(lambda r, s, d: rand(r, s, d, 0.5, 1.5) if d in FLOATS
                             else rand(r, s, d, 1, 3)),
      lambda x, axis=None, keepdims=False: np.prod(x, axis=axis, keepdims=keepdims),
      NUMERIC, out_dtype=_sum_dtype, tol=ACC_TOL, reject=("bool",),
+     grad_samples=_prod_grad_samples,
      errors=_reduce_errors("prod", True))
 for _name, _ref in (("max", np.max), ("min", np.min)):
     case(_name, reduce_samples(distinct),
@@ -926,16 +930,20 @@ def _random_samples(extra):
     return make
 
 
+_RANDOM_OPS = {"uniform": "random_uniform", "normal": "random_normal",
+               "randint": "random_randint"}
+
+
 def _random_check(kind):
     """No NumPy reference for counter-based draws: check range, moments and determinism."""
     def check(outs, sample, dt):
         (y,) = outs
         a = sample.attrs
-        again = eager_apply(np, sample_name[kind], sample.args, a)[0]
+        again = eager_apply(np, _RANDOM_OPS[kind], sample.args, a)[0]
         np.testing.assert_array_equal(y, again)  # same key: the same numbers
         if y.size < 100:
             return
-        other = eager_apply(np, sample_name[kind], (sample.args[0] + 1,), a)[0]
+        other = eager_apply(np, _RANDOM_OPS[kind], (sample.args[0] + 1,), a)[0]
         assert np.mean(y != other) > 0.5  # another key: other numbers
         v = y.astype(np.float64)
         if kind == "uniform":
@@ -947,9 +955,6 @@ def _random_check(kind):
         else:
             assert set(np.unique(v)) == set(range(a["low"], a["high"]))
     return check
-
-
-sample_name = {"uniform": "random_uniform", "normal": "random_normal", "randint": "random_randint"}
 
 
 def _random_errors(extra, dt):
@@ -975,7 +980,16 @@ case("random_randint", _random_samples(_INT), None, INTS, check=_random_check("r
          Sample((_key(1),), {"shape": (2,), "low": 3, "high": 3}, match="greater")])
 
 
-# ============================================================================ gradients
+@pytest.mark.parametrize("dt", FLOATS)
+def test_random_uniform_never_reaches_high(dt):
+    """[low, high): float16 rounding of draws just below high must not give high."""
+    for low, high in ((0.0, 1.0), (-2.0, 3.0)):
+        y = eager_apply(np, "random_uniform", (_key(3),),
+                        {"shape": (200_000,), "low": low, "high": high, "dtype": dt})[0]
+        assert y.dtype == dt and y.min() >= low and y.max() < high
+
+
+# ============================================================================ helpers
 def _grad_samples_for(c, rng):
     if c.grad_samples is not None:
         return c.grad_samples(rng)
@@ -986,7 +1000,6 @@ def _is_float_array(a):
     return isinstance(a, np.ndarray) and a.dtype.kind == "f"
 
 
-# ============================================================================ helpers
 def _ref_args(c, args, dt):
     if not c.upcast:
         return args
@@ -1203,18 +1216,18 @@ def test_non_differentiable_ops_record_nothing(name):
         out.backward()
 
 
-def test_prod_gradient_with_a_zero_is_finite():
-    """Known limitation, written down: prod's rule divides by x, so a zero gives nan."""
-    x = hb.array(np.array([2.0, 0.0, 3.0]), dtype="float64")
+@pytest.mark.parametrize("values,want", [
+    ([2.0, 0.0, 3.0], [0.0, 6.0, 0.0]),   # a lone zero: the product of the others
+    ([2.0, 0.0, 0.0], [0.0, 0.0, 0.0]),   # two zeros: every partial product has a zero
+    ([2.0, 4.0, 0.5], [2.0, 1.0, 8.0]),
+])
+def test_prod_gradient_with_zeros(values, want):
+    x = hb.array(np.array(values), dtype="float64")
     x.attach_grad()
     with hb.autograd.record():
         y = hb.prod(x)
     y.backward()
-    g = x.grad.asnumpy()
-    assert g[0] == 0.0 and g[2] == 0.0
-    if not np.isfinite(g[1]):
-        pytest.xfail("prod's gradient divides by x: nan where x == 0 (should be 6)")
-    assert g[1] == 6.0
+    np.testing.assert_array_equal(x.grad.asnumpy(), want)
 
 
 # ------------------------------------------------------------------ type promotion

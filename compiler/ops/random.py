@@ -63,7 +63,10 @@ def _randint_infer(key, shape, low=0, high=2, dtype="int64"):
 def _uniform_impl(xp, key, shape, low=0.0, high=1.0, dtype="float32"):
     n = math.prod(shape)
     u = uniform01(xp, key, n, 0, dtype if dtype == "float64" else "float32")
-    return (u * (high - low) + low).astype(dtype).reshape(shape)
+    out = (u * (high - low) + low).astype(dtype)
+    # rounding to a narrow dtype (float16) can reach `high`: keep the interval half-open
+    below = np.nextafter(np.asarray(high, dtype), np.asarray(low, dtype))
+    return xp.minimum(out, below).reshape(shape)
 
 
 def _normal_impl(xp, key, shape, loc=0.0, scale=1.0, dtype="float32"):

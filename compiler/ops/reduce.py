@@ -48,8 +48,17 @@ def _extreme_grad(F, i, out, g, axis=None, keepdims=False):
 
 
 def _prod_grad(F, i, out, g, axis=None, keepdims=False):
+    """d prod / d x_i is the product of the other entries: out / x_i where no entry is 0; at
+    a lone zero, the product of the nonzero entries; 0 elsewhere (never 0 / 0)."""
     x = i[0]
-    return (F.div(F.mul(_keep(F, x, g, axis, keepdims), _keep(F, x, out, axis, keepdims)), x),)
+    shape = tuple(x.shape)
+    is0 = F.eq(x, 0)
+    safe = F.where(is0, 1, x)
+    rest = F.broadcast_to(F.prod(safe, axis=axis, keepdims=True), shape=shape)
+    zeros = F.broadcast_to(F.sum(is0, axis=axis, keepdims=True), shape=shape)
+    d = F.where(is0, F.where(F.eq(zeros, 1), rest, 0.0),
+                F.where(F.eq(zeros, 0), F.div(rest, safe), 0.0))
+    return (F.mul(_keep(F, x, g, axis, keepdims), d),)
 
 
 def _np_reduce(fname):
