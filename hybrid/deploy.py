@@ -64,6 +64,11 @@ def export(block, path, example_inputs=None, check: bool = True):
         raise ValueError("export: nothing to export yet; call net.hybridize() and run the net "
                          "once in predict mode, or pass example_inputs=")
     entry = entries[-1]
+    if example_inputs is not None:  # the signature of the example, not the latest one
+        want = [(tuple(a.shape), a._dtype) for a in flatten(tuple(ins))[0]]
+        for e in entries:
+            if [(s, d) for s, d, _ in e.signature[1]] == want:
+                entry = e
     if entry.uses_key:
         raise ValueError("export: the predict-mode graph draws random numbers; exporting it "
                          "would not be deterministic")

@@ -62,10 +62,14 @@ def batch_norm(x, gamma, beta, running_mean, running_var, eps=1e-5, momentum=0.9
                        if hasattr(gamma.dtype, "name") else gamma.dtype)
     if _state.is_training() and not use_global_stats:
         y, mu, var = _c.batch_norm_train(F, x, gamma, beta, axis=axis, eps=eps)
-        running_mean._rebind(F.add(F.mul(F.stop_gradient(running_mean), momentum),
-                                   F.mul(F.stop_gradient(mu), 1 - momentum)))
-        running_var._rebind(F.add(F.mul(F.stop_gradient(running_var), momentum),
-                                  F.mul(F.stop_gradient(var), 1 - momentum)))
+        recording, _state.local.recording = _state.local.recording, False
+        try:  # running statistics are state, not part of the differentiated graph
+            running_mean._rebind(F.add(F.mul(F.stop_gradient(running_mean), momentum),
+                                       F.mul(F.stop_gradient(mu), 1 - momentum)))
+            running_var._rebind(F.add(F.mul(F.stop_gradient(running_var), momentum),
+                                      F.mul(F.stop_gradient(var), 1 - momentum)))
+        finally:
+            _state.local.recording = recording
         return y
     return _c.batch_norm_infer(F, x, gamma, beta, running_mean, running_var, axis=axis, eps=eps)
 

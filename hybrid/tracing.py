@@ -96,7 +96,8 @@ class Tracer(NDArray):
 
 # =================================================================== Trace
 class Trace:
-    def __init__(self, name: str, device):
+    def __init__(self, name: str, device, param_names=None):
+        self.param_names = param_names or {}  # id(Parameter) -> structured name
         self.graph = Graph(name)
         self.device = device
         self.params: list = []  # Parameter objects in graph.params order
@@ -145,8 +146,12 @@ class Trace:
         if id(param) not in self._param_nodes:
             with suspended():
                 data = param.data(device or self.device)
-            nid = self.graph.add_param(Spec(data.shape, data._dtype), _param_name(param),
-                                       str(self.device))
+            name = self.param_names.get(id(param)) or _param_name(param)
+            taken = {self.graph.node(n)["attrs"]["name"] for n in self.graph.params}
+            base, k = name, 1
+            while name in taken:  # parameters of plain functions may share a short name
+                name, k = f"{base}_{k}", k + 1
+            nid = self.graph.add_param(Spec(data.shape, data._dtype), name, str(self.device))
             self._param_nodes[id(param)] = nid
             self.params.append(param)
         nid = self._param_nodes[id(param)]
@@ -316,7 +321,10 @@ class CachedFunction:
             with _autograd_paused():  # finish deferred shape inference eagerly, once
                 self.fn(*args, **kwargs)
         t0 = time.perf_counter()
-        trace = Trace(self.name, device)
+        names = {}
+        if self.owner is not None and hasattr(self.owner, "collect_params"):
+            names = {id(p): k for k, p in self.owner.collect_params().items()}
+        trace = Trace(self.name, device, names)
         tracers = [Tracer(trace, trace.graph.add_input(Spec(a.shape, a._dtype), f"in{i}",
                                                        str(device)), Spec(a.shape, a._dtype),
                           device) for i, a in enumerate(leaves)]
