@@ -47,9 +47,8 @@ def _needs_grad(a) -> bool:
 
 def record_op(name, args, attrs, outs):
     """Called by the front end for every op while recording."""
-    if name == "stop_gradient" or REGISTRY[name].grad is None or \
-            not any(_needs_grad(a) for a in args):
-        return  # no gradient flows: the outputs start a fresh history
+    if not any(_needs_grad(a) for a in args) or REGISTRY[name].grad is None:
+        return
     node = _Node(name, args, outs, attrs, None)
     for i, o in enumerate(outs):
         o._node = (node, i)

@@ -16,7 +16,6 @@ import threading
 
 from . import config
 
-_log = config.logger("codegen")
 
 # name used in generated IR -> unprefixed CBLAS name in the wheel
 FUNCTIONS = {
@@ -87,7 +86,7 @@ def load():
         _state["get_threads"] = getter
         _state["lib"] = lib
         _state["path"] = path
-        _log.info("BLAS: %s", path)
+        config.logger("codegen").info("BLAS: %s", path)
     from . import engine  # noqa: PLC0415 - after the library is ready
     engine.on_core_share(set_threads)
     return lib
@@ -98,7 +97,7 @@ def set_threads(n: int):
     setter = _state.get("set_threads")
     if setter is not None:
         setter(max(1, int(n)))
-        _log.info("BLAS threads: %d", n)
+        config.logger("codegen").info("BLAS threads: %d", n)
 
 
 def get_threads() -> int:

@@ -30,11 +30,17 @@ from pathlib import Path
 
 from . import config
 
-_log = config.logger("compile")
 FORMAT = "hybrid-llvm-object/1"
 _lock = threading.RLock()
 _target: dict = {}
 _loaded: dict = {}  # cache digest -> NativeModule (one MCJIT engine per distinct object)
+# Engines are never disposed: machine code must outlive every function pointer handed out
+# (and disposing an MCJIT engine that was fed an object file crashes in llvmlite 0.50).
+_keepalive: list = []
+
+
+def _log():
+    return config.logger("compile")  # looked up per use: HYBRID_LOG may change at run time
 
 
 def _hybrid_version() -> str:
@@ -148,7 +154,7 @@ def compile_ir(ir_text: str, entries, key: dict | None = None, name: str = "modu
         times["load"] = time.perf_counter() - t1
         total = time.perf_counter() - t0
         detail = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in times.items())
-        _log.info("%s: %s in %.1f ms (%s) [%s]", name,
+        _log().info("%s: %s in %.1f ms (%s) [%s]", name,
                   "warm (disk cache hit)" if hit else "cold compile", total * 1e3, detail,
                   path)
         mod = NativeModule(name, engine, addresses, digest, hit)
@@ -166,7 +172,7 @@ def _compile(ir_text: str, name: str, dump):
     mod.verify()
     times["parse"] = time.perf_counter() - t
     t = time.perf_counter()
-    pto = llvm.create_pipeline_tuning_options(speed_level=3, size_level=0)
+    pto = llvm.create_pipeline_tuning_options(speed_level=3)
     pto.loop_vectorization = True
     pto.slp_vectorization = True
     pto.loop_unrolling = True
@@ -187,7 +193,7 @@ def _dump(where: Path, name: str, ir_text: str, opt_text: str, asm: str):
     stem = re.sub(r"[^A-Za-z0-9_.-]", "_", name)
     for suffix, text in ((".ll", ir_text), (".opt.ll", opt_text), (".s", asm)):
         _atomic_write(where / f"{stem}{suffix}", text.encode())
-    _log.info("%s: dumped %s.{ll,opt.ll,s} to %s", name, stem, where)
+    _log().info("%s: dumped %s.{ll,opt.ll,s} to %s", name, stem, where)
 
 
 def _load(obj: bytes, entries):
@@ -195,6 +201,7 @@ def _load(obj: bytes, entries):
     engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), tm)
     engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
     engine.finalize_object()
+    _keepalive.append(engine)
     addresses = {}
     for sym in entries:
         addr = engine.get_function_address(sym)
@@ -211,7 +218,7 @@ def _read_cache(path: Path, record: dict):
     except FileNotFoundError:
         return None
     except OSError as exc:
-        _log.info("cache entry %s unreadable (%s)", path, exc)
+        _log().info("cache entry %s unreadable (%s)", path, exc)
         return None
     why = None
     nl = data.find(b"\n")
@@ -233,7 +240,7 @@ def _read_cache(path: Path, record: dict):
         return obj
     msg = f"hybrid: compile cache entry {path} is corrupt ({why}); recompiling"
     warnings.warn(msg, RuntimeWarning, stacklevel=4)
-    _log.warning(msg)
+    _log().warning(msg)
     return None
 
 
@@ -243,7 +250,7 @@ def _write_cache(path: Path, record: dict, obj: bytes):
     try:
         _atomic_write(path, data)
     except OSError as exc:  # a read-only or full cache directory only costs a recompile
-        _log.warning("could not write compile cache entry %s: %s", path, exc)
+        _log().warning("could not write compile cache entry %s: %s", path, exc)
 
 
 def _atomic_write(path: Path, data: bytes):
@@ -262,6 +269,8 @@ def _atomic_write(path: Path, data: bytes):
 
 
 def clear_memory_cache():
-    """Forget loaded modules (tests use this to exercise the disk cache)."""
+    """Forget loaded modules, so the next compile_ir goes to the disk cache (for tests).
+
+    The machine code itself stays loaded (see _keepalive)."""
     with _lock:
         _loaded.clear()
