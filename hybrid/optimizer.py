@@ -45,6 +45,7 @@ class Optimizer:
     """
 
     _HYPER = ()  # names of float hyper-parameters saved with the trainer's states
+    _DEFAULT_LR = 0.01
 
     def __init__(self, learning_rate=None, lr_scheduler=None, wd: float = 0.0,
                  clip_gradient=None, rescale_grad: float = 1.0, begin_num_update: int = 0,
@@ -53,8 +54,9 @@ class Optimizer:
         if lr_scheduler is not None and learning_rate is not None:
             lr_scheduler.base_lr = float(learning_rate)
             lr_scheduler.warmup_final_lr = float(learning_rate)
-        if learning_rate is None:
-            learning_rate = lr_scheduler.base_lr if lr_scheduler is not None else 0.01
+        if learning_rate is None:  # a scheduler's base_lr wins over the class default
+            learning_rate = lr_scheduler.base_lr if lr_scheduler is not None else \
+                self._DEFAULT_LR
         self.lr = float(learning_rate)
         self.wd = float(wd)
         if clip_gradient is not None and clip_gradient <= 0:
@@ -188,8 +190,9 @@ class Adam(Optimizer):
     the rate: w -= lr * sqrt(1 - beta2^t) / (1 - beta1^t) * m / (sqrt(v) + epsilon)."""
 
     _HYPER = ("beta1", "beta2", "epsilon")
+    _DEFAULT_LR = 0.001
 
-    def __init__(self, learning_rate=0.001, beta1: float = 0.9, beta2: float = 0.999,
+    def __init__(self, learning_rate=None, beta1: float = 0.9, beta2: float = 0.999,
                  epsilon: float = 1e-8, lazy_update=False, **kw):
         super().__init__(learning_rate, **kw)
         self.beta1, self.beta2, self.epsilon = float(beta1), float(beta2), float(epsilon)
@@ -215,8 +218,9 @@ class AdamW(Optimizer):
     (correct_bias=True)."""
 
     _HYPER = ("beta1", "beta2", "epsilon")
+    _DEFAULT_LR = 0.001
 
-    def __init__(self, learning_rate=0.001, beta1: float = 0.9, beta2: float = 0.999,
+    def __init__(self, learning_rate=None, beta1: float = 0.9, beta2: float = 0.999,
                  epsilon: float = 1e-6, correct_bias: bool = True, **kw):
         super().__init__(learning_rate, **kw)
         self.beta1, self.beta2, self.epsilon = float(beta1), float(beta2), float(epsilon)
@@ -245,8 +249,9 @@ class RMSProp(Optimizer):
     mom = momentum * mom - lr * g / (sqrt(v - mean^2) + epsilon); w += mom."""
 
     _HYPER = ("rho", "momentum", "epsilon")
+    _DEFAULT_LR = 0.001
 
-    def __init__(self, learning_rate=0.001, rho: float = 0.9, momentum: float = 0.9,
+    def __init__(self, learning_rate=None, rho: float = 0.9, momentum: float = 0.9,
                  epsilon: float = 1e-8, centered: bool = False, clip_weights=None, **kw):
         super().__init__(learning_rate, **kw)
         self.rho, self.momentum, self.epsilon = float(rho), float(momentum), float(epsilon)
@@ -283,7 +288,7 @@ class AdaGrad(Optimizer):
 
     _HYPER = ("epsilon",)
 
-    def __init__(self, learning_rate=0.01, epsilon: float = 1e-6, **kw):
+    def __init__(self, learning_rate=None, epsilon: float = 1e-6, **kw):
         super().__init__(learning_rate, **kw)
         self.epsilon = float(epsilon)
 

@@ -24,15 +24,15 @@ def mlp(hidden=(256,), num_outputs: int = 10, activation: str = "relu") -> Hybri
     return net
 
 
-def lenet(num_outputs: int = 10) -> HybridSequential:
-    """LeNet-5 as in the book: expects (N, 1, 28, 28) input."""
+def lenet(num_outputs: int = 10, activation: str = "sigmoid") -> HybridSequential:
+    """LeNet-5 as in the book (sigmoid activations): expects (N, 1, 28, 28) input."""
     net = HybridSequential()
-    net.add(Conv2D(channels=6, kernel_size=5, padding=2, activation="sigmoid"),
+    net.add(Conv2D(channels=6, kernel_size=5, padding=2, activation=activation),
             AvgPool2D(pool_size=2, strides=2),
-            Conv2D(channels=16, kernel_size=5, activation="sigmoid"),
+            Conv2D(channels=16, kernel_size=5, activation=activation),
             AvgPool2D(pool_size=2, strides=2),
-            Dense(120, activation="sigmoid"),
-            Dense(84, activation="sigmoid"),
+            Dense(120, activation=activation),
+            Dense(84, activation=activation),
             Dense(num_outputs))
     return net
 
