@@ -115,16 +115,20 @@ class NativeModule:
     def address(self, symbol: str) -> int:
         return self.addresses[symbol]
 
+    def global_address(self, symbol: str) -> int:
+        return self.addresses[symbol]
+
     def cfunc(self, symbol: str, restype=None, *argtypes):
         """A ctypes function (GIL released during the call)."""
         return ctypes.CFUNCTYPE(restype, *argtypes)(self.addresses[symbol])
 
 
 def compile_ir(ir_text: str, entries, key: dict | None = None, name: str = "module",
-               before_load=None) -> NativeModule:
+               before_load=None, globals_=()) -> NativeModule:
     """Machine code for ``ir_text`` (from the disk cache when possible).
 
-    entries: the symbols whose addresses are wanted. key: extra fields of the cache key
+    entries: the functions whose addresses are wanted; globals_: global variables too (the
+    caller may write them, e.g. a thread count). key: extra fields of the cache key
     (whatever else the code depends on). before_load: called before the object is linked (to
     register the external symbols it calls, e.g. BLAS).
     """
@@ -150,7 +154,7 @@ def compile_ir(ir_text: str, entries, key: dict | None = None, name: str = "modu
         if before_load is not None:
             before_load()
         t1 = time.perf_counter()
-        engine, addresses = _load(obj, entries)
+        engine, addresses = _load(obj, entries, tuple(globals_))
         times["load"] = time.perf_counter() - t1
         total = time.perf_counter() - t0
         detail = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in times.items())
@@ -196,7 +200,7 @@ def _dump(where: Path, name: str, ir_text: str, opt_text: str, asm: str):
     _log().info("%s: dumped %s.{ll,opt.ll,s} to %s", name, stem, where)
 
 
-def _load(obj: bytes, entries):
+def _load(obj: bytes, entries, globals_=()):
     llvm, tm, _info = target()
     engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), tm)
     engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
@@ -207,6 +211,11 @@ def _load(obj: bytes, entries):
         addr = engine.get_function_address(sym)
         if not addr:
             raise RuntimeError(f"native code has no symbol {sym!r}")
+        addresses[sym] = addr
+    for sym in globals_:
+        addr = engine.get_global_value_address(sym)
+        if not addr:
+            raise RuntimeError(f"native code has no global {sym!r}")
         addresses[sym] = addr
     return engine, addresses
 

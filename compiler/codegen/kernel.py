@@ -27,7 +27,8 @@ Kernels
       its gradient, take, take_grad, pick, argmax, argmin) over whole slots.
 
 Expressions
-    ``Load(i)``, ``Const(value, dtype)``, ``Index(dim)`` (the loop index along ``dim``, or the
+    ``Load(i)``, ``Const(value, dtype)`` (``dtype=None``: weak, like a Python scalar operand
+    in the graph: it adopts the dtype of the typed operand it meets), ``Index(dim)`` (the loop index along ``dim``, or the
     row-major linear index of the loop space when ``dim`` is None; int64) and
     ``Call(op, attrs, args, dtype)``: the registry op ``op`` whose meaning comes only from
     ``REGISTRY[op].scalar``; ``dtype`` is the op's output dtype from the graph's type rules.
@@ -50,7 +51,7 @@ from typing import Union
 
 import numpy as np
 
-from ..ops.core import ALL_DTYPES, REGISTRY, OpError, Spec, infer_types
+from ..ops.core import ALL_DTYPES, REGISTRY, OpError, Spec, dtype_name, infer_types
 
 IR_VERSION = 1
 ROLES = ("input", "param", "output", "arena", "scratch")
@@ -152,7 +153,7 @@ class Load:
 @dataclasses.dataclass(frozen=True)
 class Const:
     value: Union[float, int, bool]
-    dtype: str
+    dtype: Union[str, None]  # None: weak, like a Python scalar operand (adopts the other's)
 
     def to_dict(self):
         return {"const": _jsonable(self.value), "dtype": self.dtype}
@@ -185,9 +186,10 @@ class Call:
 Expr = Union[Load, Const, Index, Call]
 
 
-def call(op: str, *args, dtype: str, **attrs) -> Call:
-    """Shorthand: ``call('add', Load(0), Const(1.0, 'float32'), dtype='float32')``."""
-    return Call(op, make_attrs(attrs), tuple(args), dtype)
+def call(op: str, *args, dtype: str, attrs=None) -> Call:
+    """Shorthand: ``call('add', Load(0), Const(1.0, None), dtype='float32')``; op attributes
+    as a dict: ``call('cast', Load(0), dtype='int32', attrs={'dtype': 'int32'})``."""
+    return Call(op, make_attrs(attrs or {}), tuple(args), dtype)
 
 
 # --------------------------------------------------------------------------- kernels
@@ -427,7 +429,7 @@ def _validate_loop(program, k: LoopKernel, where):
         if out.reduce is not None and out.reduce not in REDUCE_OPS:
             raise KernelIRError(f"{where}: reduce must be one of {REDUCE_OPS}, got "
                                 f"{out.reduce!r}")
-        if out.reduce is None:
+        if out.reduce is None and math.prod(shape) > 0:
             bad = [d for d, (s, n) in enumerate(zip(out.access.strides, shape))
                    if s == 0 and n > 1]
             if bad:
@@ -446,7 +448,7 @@ def _validate_node(node, k, shape, where):
         if node.dim is not None and not 0 <= node.dim < len(shape):
             raise KernelIRError(f"{where}: Index({node.dim}) outside a {len(shape)}-d loop")
     elif isinstance(node, Const):
-        if node.dtype not in ALL_DTYPES:
+        if node.dtype is not None and node.dtype not in ALL_DTYPES:
             raise KernelIRError(f"{where}: Const of unsupported dtype {node.dtype!r}")
     elif isinstance(node, Call):
         op = REGISTRY.get(node.op)
@@ -508,6 +510,7 @@ class ProgramBuilder:
 
     def _add(self, shape, dtype, role, name="", offset=None):
         shape = tuple(int(n) for n in shape)
+        dtype = dtype_name(dtype)
         if role in ("arena", "scratch") and offset is None:
             offset = self._reserve(int(math.prod(shape)) * itemsize(dtype))
         self.slots.append(Slot(dtype, shape, role, offset or 0, name))

@@ -1,0 +1,40 @@
+"""Code generation: the backend-neutral kernel IR and its backends.
+
+- kernel.py: the IR (Program, Slot, LoopKernel, ExternKernel, Access, expressions) and a
+  ProgramBuilder;
+- scalar.py: the scalar builder protocol registry expressions are written against, and the
+  NumPy builder;
+- interp.py: the NumPy reference interpreter (the oracle);
+- llvm.py (+ llvm_scalar.py, llvm_extern.py): LLVM CPU code through llvmlite, loaded by
+  runtime.native.
+
+Lowering a fused group: see kernel.py's docstring, or ``compile_program`` below::
+
+    pb = ProgramBuilder()
+    x, w, bias = pb.input((64, 512)), pb.param((256, 512)), pb.param((256,))
+    t, y = pb.temp((64, 256)), pb.output((64, 256))
+    pb.extern("matmul", [x, w], [t], transpose_b=True)              # t = x @ w.T (BLAS)
+    add = call("add", Load(0), Load(1), dtype="float32")
+    pb.loop((64, 256), [pb.access(t), pb.access(bias, (64, 256))],     # bias broadcast
+            [Output(pb.access(y), call("relu", add, dtype="float32"))])
+    compiled = compile_program(pb.build(), "dense_relu")
+    (out,) = run_program(compiled, [x_np], [w_np, b_np])
+"""
+from .kernel import (Access, Call, Const, ExternKernel, Index, KernelIRError, Load, LoopKernel,
+                     Output, Program, ProgramBuilder, Slot, broadcast_strides, call,
+                     contiguous_strides, extern_out_specs, extern_scratch_bytes, make_attrs)
+from .scalar import NumpyScalarBuilder, ScalarBuilder
+from .interp import interpret
+
+__all__ = ["Access", "Call", "Const", "ExternKernel", "Index", "KernelIRError", "Load",
+           "LoopKernel", "Output", "Program", "ProgramBuilder", "Slot", "broadcast_strides",
+           "call", "contiguous_strides", "extern_out_specs", "extern_scratch_bytes",
+           "make_attrs", "NumpyScalarBuilder", "ScalarBuilder", "interpret",
+           "compile_program", "run_program", "emit_ir", "CompiledProgram", "Runner"]
+
+
+def __getattr__(name):  # the LLVM backend loads llvmlite only when asked for
+    if name in ("compile_program", "run_program", "emit_ir", "CompiledProgram", "Runner"):
+        from . import llvm  # noqa: PLC0415
+        return getattr(llvm, name)
+    raise AttributeError(name)

@@ -1,0 +1,838 @@
+"""The LLVM CPU backend: a kernel-IR Program -> one native function (llvmlite).
+
+The module has one internal function per kernel and the entry point
+``void <name>(void** io, char* arena)`` that computes each slot's address once (io pointers,
+arena + constant offsets) and calls the kernels in order. A kernel function takes one pointer
+per distinct buffer it touches, marked ``noalias`` unless the memory plan made two of its
+buffers overlap, so LLVM vectorizes without runtime alias checks.
+
+Loop kernels (:class:`LoopEmitter`):
+
+- dimensions of extent 1 are dropped and adjacent dimensions that every access walks
+  contiguously are merged (a contiguous elementwise op becomes one flat loop);
+- the innermost loop is the dimension with the most unit-stride accesses (a reduction output
+  with stride 0 there counts: it accumulates in a register), outer loops are ordered by
+  decreasing stride; constant trip counts, GEP addressing, so LLVM's O3 vectorizes the
+  inner loop (AVX2/AVX-512 per the host's features);
+- every expression node is emitted at the outermost loop level where its inputs are
+  invariant (broadcast operands and their arithmetic are computed once per outer iteration);
+- reductions accumulate in a register over the innermost run of reduced dimensions (float
+  adds/muls marked ``reassoc`` so they vectorize with several partial sums, like NumPy's
+  pairwise sum), and through memory otherwise (the output region is first set to the
+  identity).
+
+Extern kernels are emitted by llvm_extern.py (BLAS calls and loop nests).
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+import re
+import threading
+
+import numpy as np
+from llvmlite import ir
+
+from runtime import native
+
+from .kernel import (ALIGN, SOURCE_OPS, Call, Const, ExternKernel, Index, Load, LoopKernel,
+                     Program, expr_nodes, scalar_arity)
+from .llvm_scalar import (I1, I64, PTR, Intrinsics, LLVMScalarBuilder, mem_type, reg_type)
+from .scalar import Typed, eval_call, reduce_scalar
+
+CODEGEN_VERSION = 1
+VOID = ir.VoidType()
+# A loop kernel of at least this many points splits its outer loop across the device's
+# threads (thread start-up is ~10-30 us; below this the kernel takes about that long).
+PARALLEL_MIN_ELEMENTS = 1 << 17
+
+
+def sanitize(name: str) -> str:
+    s = re.sub(r"[^A-Za-z0-9_]", "_", name or "program")
+    return s if not s[0].isdigit() else "_" + s
+
+
+# ------------------------------------------------------------------ module level
+class ModuleBuilder:
+    """Builds the LLVM module of one Program."""
+
+    def __init__(self, program: Program, name: str):
+        program.validate()
+        self.program = program
+        self.name = sanitize(name)
+        self.module = ir.Module(name=self.name)
+        info = native.target_info()
+        self.module.triple = info["triple"]
+        self.module.data_layout = info["data_layout"]
+        self.intr = Intrinsics(self.module)
+        self.uses_blas = False
+        self.threaded = False
+
+    def build(self) -> str:
+        from . import llvm_extern  # noqa: PLC0415 - avoid an import cycle
+        prog = self.program
+        fns = []
+        for k, step in enumerate(prog.steps):
+            fname = f"{self.name}.k{k}.{sanitize(step.name or type(step).__name__)}"
+            used = _used_slots(step)
+            groups = param_groups(prog, used)
+            if isinstance(step, LoopKernel):
+                fn = LoopEmitter(self, step, fname, groups).emit()
+            else:
+                fn = llvm_extern.emit_extern(self, step, fname, groups)
+            fns.append((fn, groups))
+        entry = ir.Function(self.module, ir.FunctionType(VOID, [PTR, PTR]), self.name)
+        entry.attributes.add("nounwind")
+        io, arena = entry.args
+        io.name, arena.name = "io", "arena"
+        b = ir.IRBuilder(entry.append_basic_block("entry"))
+        io_pos = {s: i for i, s in enumerate(prog.io_slots())}
+        ptrs = {}
+
+        def slot_ptr(s):
+            if s not in ptrs:
+                slot = prog.slots[s]
+                if slot.in_arena:
+                    ptrs[s] = b.gep(arena, [ir.Constant(I64, slot.offset)], inbounds=True,
+                                    source_etype=ir.IntType(8), name=f"slot{s}")
+                else:
+                    p = b.gep(io, [ir.Constant(I64, io_pos[s])], inbounds=True,
+                              source_etype=PTR)
+                    ptrs[s] = b.load(p, name=f"slot{s}", typ=PTR, align=8)
+            return ptrs[s]
+        for fn, groups in fns:
+            b.call(fn, [slot_ptr(g.slots[0]) for g in groups])
+        b.ret_void()
+        return str(self.module)
+
+
+def _used_slots(step) -> list:
+    if isinstance(step, LoopKernel):
+        slots = [a.slot for a in step.loads] + [o.access.slot for o in step.outputs]
+    else:
+        slots = list(step.in_slots) + list(step.out_slots)
+        if step.scratch is not None:
+            slots.append(step.scratch)
+    out = []
+    for s in slots:
+        if s not in out:
+            out.append(s)
+    return out
+
+
+class ParamGroup:
+    """Slots a kernel reaches through one pointer argument."""
+
+    def __init__(self, slots, noalias):
+        self.slots = slots
+        self.noalias = noalias
+
+
+def param_groups(program: Program, used) -> list:
+    """Group arena slots at the same offset; noalias unless byte ranges overlap another's."""
+    groups, by_offset = [], {}
+    for s in used:
+        slot = program.slots[s]
+        if slot.in_arena:
+            g = by_offset.get(slot.offset)
+            if g is not None:
+                g.slots.append(s)
+                continue
+            g = by_offset[slot.offset] = ParamGroup([s], True)
+        else:
+            g = ParamGroup([s], True)
+        groups.append(g)
+
+    def span(g):
+        lo = min(program.slots[s].offset for s in g.slots)
+        return lo, max(program.slots[s].offset + program.slots[s].nbytes for s in g.slots)
+    arena_groups = [g for g in groups if program.slots[g.slots[0]].in_arena]
+    for i, g in enumerate(arena_groups):
+        lo, hi = span(g)
+        for h in arena_groups[i + 1:]:
+            lo2, hi2 = span(h)
+            if lo < hi2 and lo2 < hi:
+                g.noalias = h.noalias = False
+    return groups
+
+
+def kernel_function(mb: ModuleBuilder, fname: str, groups, extra=()) -> ir.Function:
+    fn = ir.Function(mb.module, ir.FunctionType(VOID, [PTR] * len(groups) + list(extra)),
+                     fname)
+    fn.linkage = "internal"
+    fn.attributes.add("nounwind")
+    fn.attributes.add("noinline")
+    for arg, g in zip(fn.args, groups):
+        arg.name = "s" + "_".join(map(str, g.slots))
+        if g.noalias:
+            arg.add_attribute("noalias")
+    return fn
+
+
+# ------------------------------------------------------------------- loop kernels
+def with_index(expr):
+    """Make the implicit element index of source-op calls explicit (Index(None))."""
+    if not isinstance(expr, Call):
+        return expr
+    args = tuple(with_index(a) for a in expr.args)
+    if expr.op in SOURCE_OPS and len(args) == scalar_arity(expr.op):
+        args = args + (Index(None),)
+    return Call(expr.op, expr.attrs, args, expr.dtype)
+
+
+class _Acc:
+    """One strided walk: a load, an output or an index, over the normalized loop dims."""
+
+    def __init__(self, strides, offset, slot=None):
+        self.strides = list(strides)
+        self.offset = offset
+        self.slot = slot
+        self.level = -1
+
+
+class LoopEmitter:
+    def __init__(self, mb: ModuleBuilder, kernel: LoopKernel, fname: str, groups):
+        self.mb = mb
+        self.program = mb.program
+        self.k = kernel
+        self.fname = fname
+        self.groups = groups
+
+    # -- normalization ---------------------------------------------------------
+    def _normalize(self):
+        k = self.k
+        shape = tuple(k.loop_shape)
+        self.exprs = [with_index(o.expr) for o in k.outputs]
+        nodes = []
+        seen = set()
+        for e in self.exprs:
+            for n in expr_nodes(e):
+                if n not in seen:
+                    seen.add(n)
+                    nodes.append(n)
+        self.nodes = nodes
+        rowmajor = []
+        acc = 1
+        for n in reversed(shape):
+            rowmajor.append(acc)
+            acc *= n
+        rowmajor = tuple(reversed(rowmajor))
+        accs = [_Acc(a.strides, a.offset, a.slot) for a in k.loads]
+        accs += [_Acc(o.access.strides, o.access.offset, o.access.slot) for o in k.outputs]
+        self.index_acc = {}
+        for n in nodes:
+            if isinstance(n, Index):
+                st = rowmajor if n.dim is None else tuple(
+                    1 if d == n.dim else 0 for d in range(len(shape)))
+                self.index_acc[n] = len(accs)
+                accs.append(_Acc(st, 0))
+        self.accs = accs
+        self.n_loads = len(k.loads)
+        dims = [(n, [a.strides[d] for a in accs]) for d, n in enumerate(shape) if n != 1]
+        merged = []
+        for n, st in dims:
+            if merged and n > 0 and merged[-1][0] > 0 and all(
+                    sp == sc * n for sp, sc in zip(merged[-1][1], st)):
+                merged[-1] = (merged[-1][0] * n, st)
+            else:
+                merged.append((n, st))
+        self.empty = any(n == 0 for n, _ in merged)
+        self.dims = self._order(merged)
+        for j, a in enumerate(accs):
+            a.strides = [st[j] for _, st in self.dims]
+            nz = [L for L, s in enumerate(a.strides) if s != 0]
+            a.level = max(nz) if nz else -1
+
+    def _order(self, dims):
+        if len(dims) <= 1:
+            return dims
+        n_out = len(self.k.outputs)
+        out0 = self.n_loads
+
+        def unit_score(d):
+            _, st = dims[d]
+            score = 0
+            for j in range(self.n_loads):
+                score += abs(st[j]) == 1
+            for j in range(n_out):
+                s = st[out0 + j]
+                if abs(s) == 1 or (s == 0 and self.k.outputs[j].reduce is not None):
+                    score += 1
+            return score
+        inner = max(range(len(dims)), key=lambda d: (unit_score(d), d))
+        rest = [d for d in range(len(dims)) if d != inner]
+        rest.sort(key=lambda d: (-sum(abs(s) for s in dims[d][1]), d))
+        return [dims[d] for d in rest + [inner]]
+
+    # -- emission ----------------------------------------------------------------
+    def emit(self) -> ir.Function:
+        self._normalize()
+        fn = kernel_function(self.mb, self.fname, self.groups)
+        self.parallel = self._parallel_plan()
+        if self.parallel:
+            body = kernel_function(self.mb, self.fname + ".body", self.groups,
+                                   extra=[I64, I64])
+            self._emit_body(body, body.args[-2], body.args[-1])
+            emit_parallel_driver(self.mb, fn, body, self.dims[0][0], self._fill_driver)
+            return fn
+        self._emit_body(fn, None, None)
+        return fn
+
+    def _parallel_plan(self) -> bool:
+        """Split the outermost loop across threads? Only big kernels whose outer dimension
+        every reduction keeps (each thread then owns disjoint outputs)."""
+        if self.empty or not self.dims:
+            return False
+        total = math.prod(n for n, _ in self.dims)
+        if total < PARALLEL_MIN_ELEMENTS or self.dims[0][0] < 2:
+            return False
+        for j, out in enumerate(self.k.outputs):
+            if out.reduce is not None and self.accs[self.n_loads + j].strides[0] == 0:
+                return False
+        return True
+
+    def _emit_body(self, fn, lo, hi):
+        self.fn = fn
+        self.lo, self.hi = lo, hi
+        self.base = {}
+        for arg, g in zip(fn.args, self.groups):
+            for s in g.slots:
+                self.base[s] = arg
+        entry = fn.append_basic_block("entry")
+        self.b = ir.IRBuilder(entry)
+        self.sb = LLVMScalarBuilder(self.b, self.mb.intr)
+        if self.empty:
+            self._emit_empty()
+            self.b.ret_void()
+            return fn
+        n = len(self.dims)
+        self.n = n
+        # node levels
+        self.node_level = {}
+        for node in self.nodes:
+            if isinstance(node, Load):
+                lvl = self.accs[node.index].level
+            elif isinstance(node, Index):
+                lvl = self.accs[self.index_acc[node]].level
+            elif isinstance(node, Const):
+                lvl = -1
+            else:
+                lvl = max((self.node_level[a] for a in node.args), default=-1)
+            self.node_level[node] = lvl
+        self.by_level = {}
+        for node in self.nodes:
+            self.by_level.setdefault(self.node_level[node], []).append(node)
+        # reductions
+        self.red = {}
+        for j, out in enumerate(self.k.outputs):
+            if out.reduce is None:
+                continue
+            st = self.accs[self.n_loads + j].strides
+            s = n
+            while s > 0 and st[s - 1] == 0:
+                s -= 1
+            needs_init = any(x == 0 for x in st[:s])
+            slot = self.program.slots[out.access.slot]
+            combine, identity = reduce_scalar(out.reduce)
+            info = {"start": s, "init": needs_init, "dtype": slot.dtype,
+                    "combine": combine, "identity": identity, "alloca": None}
+            if s < n:
+                info["alloca"] = self._entry_alloca(reg_type(slot.dtype), f"acc{j}")
+            self.red[j] = info
+        # Loop versioning for float32 sin/cos: the nest runs first with NumPy's fast
+        # Cody-Waite path only, OR-ing a flag when some |argument| is beyond its range; only
+        # then does the general nest (exact reduction of huge arguments) run again. Needs a
+        # kernel that does not read what it writes (re-running must be harmless).
+        if self._rerunnable() and not (self.parallel and any(
+                info["init"] for info in self.red.values())):
+            self.sb.wide_flag = self._entry_alloca(I1, "wide")
+            self.b.store(ir.Constant(I1, 0), self.sb.wide_flag)
+        self._emit_nest()
+        if self.sb.wide_used:
+            flag = self.b.load(self.sb.wide_flag, typ=I1)
+            general = self.fn.append_basic_block("general")
+            done = self.fn.append_basic_block("done")
+            self.b.cbranch(flag, general, done)
+            self.b.position_at_end(general)
+            self.sb.wide_flag = None
+            self._emit_nest()
+            self.b.branch(done)
+            self.b.position_at_end(done)
+        self.b.ret_void()
+        return fn
+
+    def _fill_driver(self, b, fn):
+        """In the parallel driver: set init-reduction outputs to their identity."""
+        saved = (self.b, self.sb, self.base)
+        self.b, self.sb = b, LLVMScalarBuilder(b, self.mb.intr)
+        self.base = {}
+        for arg, g in zip(fn.args, self.groups):
+            for s in g.slots:
+                self.base[s] = arg
+        for j, info in self.red.items():
+            if info["init"]:
+                self._emit_fill(j, info)
+        self.b, self.sb, self.base = saved
+
+    def _emit_nest(self):
+        if not self.parallel:  # a parallel kernel's driver fills before the threads start
+            for j, info in self.red.items():
+                if info["init"]:
+                    self._emit_fill(j, info)
+        self.values = {}
+        self.off = {a: ir.Constant(I64, acc.offset) for a, acc in enumerate(self.accs)}
+        self._level_body(-1)
+
+    def _entry_alloca(self, ty, name):
+        with self.b.goto_entry_block():
+            return self.b.alloca(ty, name=name)
+
+    def _rerunnable(self) -> bool:
+        slots = self.program.slots
+        outs = {o.access.slot for o in self.k.outputs}
+        for a in self.k.loads:
+            for o in outs:
+                if a.slot == o:
+                    return False
+                sa, so = slots[a.slot], slots[o]
+                if sa.in_arena and so.in_arena and sa.offset < so.offset + so.nbytes and \
+                        so.offset < sa.offset + sa.nbytes:
+                    return False
+        return True
+
+    def _emit_empty(self):
+        for j, out in enumerate(self.k.outputs):
+            if out.reduce is None:
+                continue
+            acc = self.accs[self.n_loads + j]
+            live = [d for d, s in enumerate(acc.strides) if s != 0]
+            if any(self.dims[d][0] == 0 for d in live):
+                continue
+            slot = self.program.slots[out.access.slot]
+            _, identity = reduce_scalar(out.reduce)
+            self._emit_fill(j, {"dtype": slot.dtype, "identity": identity})
+
+    def _emit_fill(self, j, info):
+        """Set the region of reduction output j to the identity (before accumulating)."""
+        acc = self.accs[self.n_loads + j]
+        dims = [(self.dims[d][0], acc.strides[d]) for d in range(len(self.dims))
+                if acc.strides[d] != 0]
+        value = self.sb.const(info["identity"], info["dtype"]).v
+        b = self.b
+
+        def nest(level, off):
+            if level == len(dims):
+                self._store(acc.slot, off, value, info["dtype"])
+                return
+            extent, stride = dims[level]
+            with for_range(b, extent) as i:
+                nest(level + 1, b.add(off, b.mul(i, ir.Constant(I64, stride))))
+        nest(0, ir.Constant(I64, acc.offset))
+
+    def _ptr(self, slot, off):
+        dt = self.program.slots[slot].dtype
+        return self.b.gep(self.base[slot], [off], inbounds=True, source_etype=mem_type(dt))
+
+    def _load(self, slot, off, dtype):
+        v = self.b.load(self._ptr(slot, off), typ=mem_type(dtype), align=np.dtype(dtype).itemsize)
+        if dtype == "bool":
+            v = self.b.icmp_unsigned("!=", v, ir.Constant(v.type, 0))
+        return v
+
+    def _store(self, slot, off, v, dtype):
+        if dtype == "bool":
+            v = self.b.zext(v, mem_type("bool"))
+        self.b.store(v, self._ptr(slot, off), align=np.dtype(dtype).itemsize)
+
+    def _value(self, node):
+        v = self.values.get(node)
+        if v is not None:
+            return v
+        if isinstance(node, Load):
+            acc = self.accs[node.index]
+            dt = self.program.slots[acc.slot].dtype
+            v = Typed(self._load(acc.slot, self.off[node.index], dt), dt)
+        elif isinstance(node, Const):
+            v = self.sb.const(node.value, node.dtype)
+        elif isinstance(node, Index):
+            v = Typed(self.off[self.index_acc[node]], "int64")
+        else:
+            v = eval_call(self.sb, node, [self._value(a) for a in node.args])
+        self.values[node] = v
+        return v
+
+    def _level_body(self, level):
+        b = self.b
+        if level >= 0:
+            i = self.ivar
+            for a, acc in enumerate(self.accs):
+                s = acc.strides[level]
+                if s != 0:
+                    self.off[a] = b.add(self.off[a], b.mul(i, ir.Constant(I64, s)))
+        for node in self.by_level.get(level, ()):
+            self._value(node)
+        starting = [j for j, info in self.red.items() if info["start"] == level + 1
+                    and info["alloca"] is not None]
+        for j in starting:
+            info = self.red[j]
+            b.store(self.sb.const(info["identity"], info["dtype"]).v, info["alloca"])
+        if level + 1 < self.n:
+            saved_off = dict(self.off)
+            saved_vals = dict(self.values)
+            if level == -1 and self.lo is not None:
+                rng = for_range(b, self.hi, start=self.lo)
+            else:
+                rng = for_range(b, self.dims[level + 1][0])
+            with rng as i:
+                self.ivar = i
+                self._level_body(level + 1)
+            self.off = saved_off
+            self.values = saved_vals
+        else:
+            self._innermost()
+        for j in starting:
+            info = self.red[j]
+            oa = self.n_loads + j
+            acc = b.load(info["alloca"], typ=reg_type(info["dtype"]))
+            self._finish(j, info, Typed(acc, info["dtype"]), oa)
+
+    def _combine(self, info, x, y):
+        self.sb.reassoc = True
+        try:
+            r = info["combine"](self.sb, x, y)
+        finally:
+            self.sb.reassoc = False
+        return self.sb.typed(r, info["dtype"])
+
+    def _finish(self, j, info, v, oa):
+        slot = self.accs[oa].slot
+        if info["init"]:
+            old = Typed(self._load(slot, self.off[oa], info["dtype"]), info["dtype"])
+            v = self._combine(info, old, v)
+        self._store(slot, self.off[oa], v.v, info["dtype"])
+
+    def _innermost(self):
+        b = self.b
+        for j, out in enumerate(self.k.outputs):
+            oa = self.n_loads + j
+            dt = self.program.slots[out.access.slot].dtype
+            v = self.sb.typed(self._value(self.exprs[j]), dt)
+            info = self.red.get(j)
+            if info is None:
+                self._store(out.access.slot, self.off[oa], v.v, dt)
+            elif info["alloca"] is None:  # nothing reduced in a register: straight to memory
+                self._finish(j, info, v, oa)
+            else:
+                acc = Typed(b.load(info["alloca"], typ=reg_type(dt)), dt)
+                b.store(self._combine(info, acc, v).v, info["alloca"])
+
+
+class for_range:
+    """``with for_range(b, n) as i:`` a counted loop 0..n-1 (n > 0, an int or i64 value)."""
+
+    def __init__(self, b: ir.IRBuilder, n, start=0, step=1):
+        self.b = b
+        self.n = n if isinstance(n, ir.Value) else ir.Constant(I64, int(n))
+        self.start = start if isinstance(start, ir.Value) else ir.Constant(I64, int(start))
+        self.step = step
+
+    def __enter__(self):
+        b = self.b
+        fn = b.function
+        self.pre = b.block
+        self.header = fn.append_basic_block("loop")
+        self.exit = fn.append_basic_block("loop.end")
+        if not (isinstance(self.n, ir.Constant) and isinstance(self.start, ir.Constant)):
+            b.cbranch(b.icmp_signed("<", self.start, self.n), self.header, self.exit)
+        else:
+            b.branch(self.header)
+        b.position_at_end(self.header)
+        self.i = b.phi(I64, name="i")
+        self.i.add_incoming(self.start, self.pre)
+        return self.i
+
+    def __exit__(self, *exc):
+        if exc[0] is not None:
+            return False
+        b = self.b
+        nxt = b.add(self.i, ir.Constant(I64, self.step), flags=["nsw"])
+        self.i.add_incoming(nxt, b.block)
+        b.cbranch(b.icmp_signed("<", nxt, self.n), self.header, self.exit)
+        b.position_at_end(self.exit)
+        return False
+
+
+# --------------------------------------------------------------------- threads
+MAX_THREADS = 64
+
+
+def nthreads_global(mb: ModuleBuilder):
+    """The module's thread count (an exported i32 the runtime sets; 1 until it does)."""
+    name = f"{mb.name}.nthreads"
+    g = mb.module.globals.get(name)
+    if g is None:
+        g = ir.GlobalVariable(mb.module, ir.IntType(32), name)
+        g.initializer = ir.Constant(ir.IntType(32), 1)
+        mb.threaded = True
+    return g
+
+
+def emit_parallel_driver(mb: ModuleBuilder, fn, body, extent: int, fill):
+    """``fn(ptrs...)``: run ``body(ptrs..., lo, hi)`` over [0, extent) split across up to
+    ``nthreads`` POSIX threads (the caller's thread takes the first chunk). A thread that
+    cannot be started has its chunk run by the caller."""
+    i32 = ir.IntType(32)
+    nptr = len(body.args) - 2
+    ctx_ty = ir.LiteralStructType([PTR] * nptr + [I64, I64])
+    tramp = ir.Function(mb.module, ir.FunctionType(PTR, [PTR]), fn.name + ".thread")
+    tramp.linkage = "internal"
+    tb = ir.IRBuilder(tramp.append_basic_block("entry"))
+    ctx = tramp.args[0]
+    vals = [tb.load(tb.gep(ctx, [ir.Constant(i32, 0), ir.Constant(i32, k)], inbounds=True,
+                           source_etype=ctx_ty), typ=t)
+            for k, t in enumerate([PTR] * nptr + [I64, I64])]
+    tb.call(body, vals)
+    tb.ret(ir.Constant(PTR, None))
+    create = mb.intr.get("pthread_create", i32, [PTR, PTR, PTR, PTR], readnone=False)
+    join = mb.intr.get("pthread_join", i32, [I64, PTR], readnone=False)
+
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    ptrs = list(fn.args)
+    arr_ctx = b.alloca(ir.ArrayType(ctx_ty, MAX_THREADS), name="ctx")
+    arr_tid = b.alloca(ir.ArrayType(I64, MAX_THREADS), name="tid")
+    arr_ok = b.alloca(ir.ArrayType(ir.IntType(8), MAX_THREADS), name="ok")
+
+    def opaque(p):  # llvmlite types alloca'd pointers; launder them into an opaque ptr
+        return b.inttoptr(b.ptrtoint(p, I64), PTR)
+    fill(b, fn)
+    nt = b.sext(b.load(nthreads_global(mb), typ=i32), I64)
+    nt = b.select(b.icmp_signed("<", nt, ir.Constant(I64, 1)), ir.Constant(I64, 1), nt)
+    nt = b.select(b.icmp_signed(">", nt, ir.Constant(I64, min(MAX_THREADS, extent))),
+                  ir.Constant(I64, min(MAX_THREADS, extent)), nt)
+    n = ir.Constant(I64, extent)
+    chunk = b.sdiv(b.add(n, b.sub(nt, ir.Constant(I64, 1))), nt)
+
+    def bounds(t):
+        lo = b.mul(t, chunk)
+        hi = b.add(lo, chunk)
+        hi = b.select(b.icmp_signed(">", hi, n), n, hi)
+        return lo, hi
+
+    def slot(arr, ty, t):
+        return opaque(b.gep(arr, [ir.Constant(I64, 0), t], inbounds=True,
+                            source_etype=ir.ArrayType(ty, MAX_THREADS)))
+    with for_range(b, nt, start=1) as t:
+        lo, hi = bounds(t)
+        c = slot(arr_ctx, ctx_ty, t)
+        for k, v in enumerate(ptrs + [lo, hi]):
+            b.store(v, b.gep(c, [ir.Constant(i32, 0), ir.Constant(i32, k)], inbounds=True,
+                             source_etype=ctx_ty))
+        rc = b.call(create, [slot(arr_tid, I64, t), ir.Constant(PTR, None), tramp, c])
+        b.store(b.zext(b.icmp_signed("==", rc, ir.Constant(i32, 0)), ir.IntType(8)),
+                slot(arr_ok, ir.IntType(8), t))
+    lo0, hi0 = bounds(ir.Constant(I64, 0))
+    b.call(body, ptrs + [lo0, hi0])
+    with for_range(b, nt, start=1) as t:
+        started = b.load(slot(arr_ok, ir.IntType(8), t), typ=ir.IntType(8))
+        with b.if_else(b.icmp_signed("!=", started, ir.Constant(ir.IntType(8), 0))) as (
+                then, otherwise):
+            with then:
+                b.call(join, [b.load(slot(arr_tid, I64, t), typ=I64), ir.Constant(PTR, None)])
+            with otherwise:
+                lo, hi = bounds(t)
+                b.call(body, ptrs + [lo, hi])
+    b.ret_void()
+
+
+# --------------------------------------------------------------- compile and run
+def emit_ir(program: Program, name: str = "program") -> str:
+    """The LLVM IR text of ``program`` (entry point ``sanitize(name)``)."""
+    return ModuleBuilder(program, name).build()
+
+
+def _probe_data_offset():
+    """CPython + NumPy: PyArrayObject's ``data`` pointer follows the object header. Reading
+    it directly costs ~0.1 us; ``__array_interface__`` or ``.ctypes.data`` cost ~1-3 us,
+    which matters for a per-call budget of a few microseconds. Verified here once."""
+    from_address = ctypes.c_void_p.from_address
+    probes = [np.empty(n, dtype=np.float32) for n in (1, 3, 1000)]
+    off = ctypes.sizeof(ctypes.c_ssize_t) + ctypes.sizeof(ctypes.c_void_p)
+    try:
+        ok = all(from_address(id(a) + off).value == a.__array_interface__["data"][0]
+                 for a in probes + [probes[2][5:]])
+    except Exception:  # noqa: BLE001 - any surprise: use the documented interface
+        ok = False
+    return off if ok else None
+
+
+_DATA_OFFSET = _probe_data_offset()
+_from_address = ctypes.c_void_p.from_address
+
+
+def data_address(a: np.ndarray) -> int:
+    """Address of an ndarray's first element."""
+    if _DATA_OFFSET is not None:
+        return _from_address(id(a) + _DATA_OFFSET).value or 0
+    return a.__array_interface__["data"][0]
+
+
+SMALL_OUTPUT = 4096  # bytes: below this NumPy's own (16-byte) alignment is kept
+
+
+def aligned_empty(shape, dtype):
+    """A fresh array whose data starts on a 64-byte boundary (arrays over 4 KiB; smaller ones
+    keep NumPy's 16-byte alignment, which no loop here can tell apart), and that address."""
+    dt = np.dtype(dtype)
+    a = np.empty(shape, dtype=dt)
+    addr = data_address(a)
+    if addr % ALIGN == 0 or a.nbytes <= SMALL_OUTPUT:
+        return a, addr
+    nbytes = a.nbytes
+    buf = np.empty(nbytes + ALIGN, dtype=np.uint8)
+    base = data_address(buf)
+    off = (-base) % ALIGN
+    return buf[off:off + nbytes].view(dt).reshape(shape), base + off
+
+
+class CompiledProgram:
+    """A compiled Program: ``compiled(io, arena=None)`` runs it.
+
+    ``io``: a ctypes ``c_void_p`` array (or its address) holding the pointers of the io slots
+    (``program.io_slots()`` order); ``arena``: the address of ``arena_bytes`` bytes (default:
+    this program's own arena, allocated once; callers running one program from several
+    threads at once pass their own). ``cfunc`` is the raw ctypes function (GIL released).
+    """
+
+    def __init__(self, program: Program, name: str, module, symbol: str, threaded=False):
+        self.program = program
+        self.name = name
+        self.symbol = symbol
+        self.native = module
+        self.cfunc = module.cfunc(symbol, None, ctypes.c_void_p, ctypes.c_void_p)
+        self.arena, self.arena_ptr = aligned_empty((max(program.arena_bytes, 1),), np.uint8)
+        self.io_slots = program.io_slots()
+        self.lock = threading.Lock()
+        self._nthreads = None
+        if threaded:
+            addr = module.global_address(f"{symbol}.nthreads")
+            self._nthreads = ctypes.c_int32.from_address(addr)
+            from runtime import engine  # noqa: PLC0415
+            self.set_threads(engine.threads_per_cpu_device())
+
+    @property
+    def threads(self) -> int:
+        """Threads the program's big loop kernels use (1 when it has none)."""
+        return self._nthreads.value if self._nthreads is not None else 1
+
+    def set_threads(self, n: int):
+        """Threads for the program's big loop kernels (default: the device's core share)."""
+        if self._nthreads is not None:
+            self._nthreads.value = max(1, int(n))
+
+    def __call__(self, io, arena=None):
+        if not isinstance(io, int):
+            io = ctypes.addressof(io)
+        self.cfunc(io, self.arena_ptr if arena is None else arena)
+
+    def runner(self, params=(), check=True) -> "Runner":
+        return Runner(self, params, check)
+
+
+def compile_program(program: Program, name: str = "program") -> CompiledProgram:
+    """Generate, optimize (O3, host CPU) and load ``program``; cached in memory and on disk."""
+    mb = ModuleBuilder(program, name)
+    text = mb.build()
+    before = None
+    if mb.uses_blas:
+        from runtime import blas  # noqa: PLC0415
+        before = blas.load
+    module = native.compile_ir(text, [mb.name], key={"codegen": CODEGEN_VERSION},
+                               name=name, before_load=before,
+                               globals_=[f"{mb.name}.nthreads"] if mb.threaded else ())
+    return CompiledProgram(program, name, module, mb.name, mb.threaded)
+
+
+class Runner:
+    """The fast path: parameters bound once; ``runner(*inputs) -> outputs`` (fresh arrays).
+
+    Per call it writes only the input and output pointers into a prebuilt pointer array.
+    One Runner must not be called from two threads at once (each thread makes its own).
+    """
+
+    def __init__(self, compiled: CompiledProgram, params=(), check=True):
+        prog = compiled.program
+        self.compiled = compiled
+        self.check = check
+        io_pos = {s: i for i, s in enumerate(prog.io_slots())}
+        self._io = (ctypes.c_void_p * max(len(io_pos), 1))()
+        self._io_addr = ctypes.addressof(self._io)
+        self._fn = compiled.cfunc
+        self._arena = aligned_empty((max(prog.arena_bytes, 1),), np.uint8)
+        self._arena_ptr = self._arena[1]
+        self._inputs = [(io_pos[s], tuple(prog.slots[s].shape), np.dtype(prog.slots[s].dtype))
+                        for s in prog.slots_of("input")]
+        self._outputs = [(io_pos[s], tuple(prog.slots[s].shape), np.dtype(prog.slots[s].dtype))
+                         for s in prog.slots_of("output")]
+        pslots = prog.slots_of("param")
+        if len(params) != len(pslots):
+            raise ValueError(f"program has {len(pslots)} params, got {len(params)}")
+        self._params = []
+        for s, p in zip(pslots, params):
+            p = _check_array(p, tuple(prog.slots[s].shape), np.dtype(prog.slots[s].dtype),
+                             f"param slot {s}")
+            self._params.append(p)
+            self._io[io_pos[s]] = data_address(p)
+
+    def __call__(self, *inputs):
+        io = self._io
+        if len(inputs) != len(self._inputs):
+            raise ValueError(f"program takes {len(self._inputs)} inputs, got {len(inputs)}")
+        for (pos, shape, dt), x in zip(self._inputs, inputs):
+            if self.check and not (type(x) is np.ndarray and x.dtype == dt and  # noqa: E721
+                                   x.shape == shape and x.flags.c_contiguous):
+                _check_array(x, shape, dt, f"input {pos}")
+            io[pos] = data_address(x)
+        outs = []
+        for pos, shape, dt in self._outputs:
+            a, ptr = aligned_empty(shape, dt)
+            io[pos] = ptr
+            outs.append(a)
+        self._fn(self._io_addr, self._arena_ptr)
+        return outs
+
+
+def _check_array(x, shape, dt, what):
+    if not isinstance(x, np.ndarray) or x.dtype != dt or x.shape != shape or \
+            not x.flags.c_contiguous:
+        got = f"{getattr(x, 'dtype', type(x).__name__)}{list(getattr(x, 'shape', ()))}"
+        raise ValueError(f"{what}: expected a C-contiguous {dt.name} array of shape "
+                         f"{list(shape)}, got {got}")
+    return x
+
+
+def run_program(compiled: CompiledProgram, inputs, params=(), outputs=None) -> list:
+    """Run once: outputs are fresh 64-byte-aligned arrays unless given; returns them."""
+    prog = compiled.program
+    io_slots = prog.io_slots()
+    io = (ctypes.c_void_p * max(len(io_slots), 1))()
+    queues = {"input": list(inputs), "param": list(params)}
+    if outputs is None:
+        outputs = [aligned_empty(prog.slots[s].shape, prog.slots[s].dtype)[0]
+                   for s in prog.slots_of("output")]
+    queues["output"] = list(outputs)
+    keep = []
+    for i, s in enumerate(io_slots):
+        slot = prog.slots[s]
+        a = _check_array(queues[slot.role].pop(0), tuple(slot.shape), np.dtype(slot.dtype),
+                         f"{slot.role} slot {s}")
+        keep.append(a)
+        io[i] = data_address(a)
+    if compiled.lock.acquire(blocking=False):
+        try:
+            compiled(io)
+        finally:
+            compiled.lock.release()
+    else:  # the shared arena is busy (another thread): use a private one
+        arena, ptr = aligned_empty((max(prog.arena_bytes, 1),), np.uint8)
+        compiled(io, ptr)
+    return list(outputs)
