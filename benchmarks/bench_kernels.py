@@ -71,6 +71,10 @@ def chain(copy_gbs):
     io = (ctypes.c_void_p * 4)(x.ctypes.data, a.ctypes.data, b.ctypes.data, yptr)
     t_llvm_fresh = timeit(lambda: runner(x))
     t_llvm = timeit(lambda: compiled(io))
+    threads = compiled.threads
+    compiled.set_threads(1)
+    t_llvm1 = timeit(lambda: compiled(io))
+    compiled.set_threads(threads)
 
     def numpy_plain():
         return np.tanh(x * a + b) * (1 / (1 + np.exp(-x))) + 1
@@ -92,11 +96,11 @@ def chain(copy_gbs):
         ref = numpy_plain()
     err = float(np.max(np.abs(y - ref)))
     gbs = 16 * n / t_llvm[0] / 1e9
-    print(f"\n[1] elementwise chain tanh(x*a+b)*sigmoid(x)+1, n={n:,} float32, "
-          f"{compiled.threads if hasattr(compiled, 'threads') else 1} thread(s)")
+    print(f"\n[1] elementwise chain tanh(x*a+b)*sigmoid(x)+1, n={n:,} float32, one kernel")
     print(f"    compile (cold or disk cache): {compile_s * 1e3:.0f} ms; max |err| vs NumPy "
           f"{err:.1e}")
-    rows = [("LLVM kernel, preallocated out", t_llvm), ("LLVM runner, fresh output", t_llvm_fresh),
+    rows = [(f"LLVM kernel, {threads} thread(s)", t_llvm), ("LLVM kernel, 1 thread", t_llvm1),
+            ("LLVM runner (fresh output array)", t_llvm_fresh),
             ("NumPy", t_np), ("NumPy with out= buffers", t_np_out)]
     for name, (med, best) in rows:
         print(f"    {name:32s} {med * 1e3:8.2f} ms (best {best * 1e3:.2f})  "
@@ -171,7 +175,8 @@ def mlp_b1():
 
 def lenet_conv():
     batch = 16 if SMOKE else 256
-    print(f"\n[4] LeNet convolutions, batch {batch}, float32 (im2col + sgemm per image)")
+    print(f"\n[4] LeNet convolutions, batch {batch}, float32 (im2col + sgemm per image; conv1 "
+          "forward: direct loops)")
     for name, xs, ws, attrs in [("conv1 1x28x28 -> 6@5x5 pad 2", (batch, 1, 28, 28),
                                  (6, 1, 5, 5), {"pad": 2}),
                                 ("conv2 6x14x14 -> 16@5x5", (batch, 6, 14, 14),

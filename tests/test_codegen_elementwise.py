@@ -11,7 +11,7 @@ import pytest
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
-from compiler.codegen import (Access, Call, Const, Index, Load, LoopKernel, Output,
+from compiler.codegen import (Access, Const, Index, Load, LoopKernel, Output,
                               ProgramBuilder, call, interpret)
 from compiler.codegen.llvm import compile_program, run_program
 from compiler.codegen.testing import CaseProgram

@@ -71,6 +71,8 @@ CONVS = [  # (x shape, w shape, attrs)
     ((2, 8, 7, 7), (12, 8, 1, 1), {}),                     # 1x1 (no im2col)
     ((2, 4, 9, 8), (6, 2, 3, 2), dict(pad=(1, 0), stride=(2, 1), dilation=(2, 1), groups=2)),
     ((1, 3, 5, 5), (2, 3, 5, 5), {}),                      # one output pixel
+    ((2, 2, 11, 10), (4, 2, 3, 3), dict(pad=1, stride=2, dilation=(1, 2))),  # direct loops
+    ((2, 3, 6, 6), (5, 3, 3, 3), {}),                      # direct loops, no padding
 ]
 
 

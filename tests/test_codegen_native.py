@@ -144,6 +144,20 @@ def test_dump_dir_and_compile_log(tmp_path, cache_dir):
     asm = (tmp_path / "dump" / "dumped.s").read_text()
     assert "ymm" in asm or "zmm" in asm  # the loop was vectorized
     msgs = [r.getMessage() for r in records]
+    # transcendentals stay vector code: no scalar libm calls in the chain's loop
+    pb = ProgramBuilder()
+    sx, sy = pb.input((1000,)), pb.output((1000,))
+    f = lambda op, *xs: call(op, *xs, dtype="float32")  # noqa: E731
+    pb.loop((1000,), [pb.access(sx)],
+            [Output(pb.access(sy), f("mul", f("tanh", Load(0)), f("sigmoid", Load(0))))])
+    config.set_flag("HYBRID_DUMP_DIR", str(tmp_path / "dump2"))
+    try:
+        compile_program(pb.build(), "chain_asm")
+    finally:
+        config.set_flag("HYBRID_DUMP_DIR", old_dump)
+    asm = (tmp_path / "dump2" / "chain_asm.s").read_text()
+    assert "ymm" in asm or "zmm" in asm
+    assert not any(fn in asm for fn in ("expf", "tanhf", "@PLT")), "libm call in the loop"
     assert any("cold compile" in m and "optimize" in m for m in msgs), msgs
     assert any("warm (disk cache hit)" in m for m in msgs), msgs
 

@@ -28,8 +28,9 @@ Kernels
 
 Expressions
     ``Load(i)``, ``Const(value, dtype)`` (``dtype=None``: weak, like a Python scalar operand
-    in the graph: it adopts the dtype of the typed operand it meets), ``Index(dim)`` (the loop index along ``dim``, or the
-    row-major linear index of the loop space when ``dim`` is None; int64) and
+    in the graph: it adopts the dtype of the typed operand it meets), ``Index(dim)`` (the
+    loop index along ``dim``, or the row-major linear index of the loop space when ``dim``
+    is None; int64) and
     ``Call(op, attrs, args, dtype)``: the registry op ``op`` whose meaning comes only from
     ``REGISTRY[op].scalar``; ``dtype`` is the op's output dtype from the graph's type rules.
     Source ops (``full``, ``arange``, ``random_uniform``, ``random_normal``,

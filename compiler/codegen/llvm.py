@@ -19,9 +19,17 @@ Loop kernels (:class:`LoopEmitter`):
 - reductions accumulate in a register over the innermost run of reduced dimensions (float
   adds/muls marked ``reassoc`` so they vectorize with several partial sums, like NumPy's
   pairwise sum), and through memory otherwise (the output region is first set to the
-  identity).
+  identity);
+- kernels of at least PARALLEL_MIN_ELEMENTS points split their outermost loop across POSIX
+  threads started by the generated code (``CompiledProgram.threads``, default: the CPU
+  device's core share from runtime.engine); reductions over that loop stay serial;
+- float32 sin/cos kernels are versioned: a fast nest (NumPy's algorithm) runs first and the
+  general one (huge arguments) only if some argument needed it.
 
 Extern kernels are emitted by llvm_extern.py (BLAS calls and loop nests).
+
+Calling convention: ``CompiledProgram(io, arena)``; ``Runner`` binds params once and only
+touches the input and output pointers per call; ``run_program`` is the one-shot helper.
 """
 from __future__ import annotations
 
@@ -29,13 +37,14 @@ import ctypes
 import math
 import re
 import threading
+import weakref
 
 import numpy as np
 from llvmlite import ir
 
 from runtime import native
 
-from .kernel import (ALIGN, SOURCE_OPS, Call, Const, ExternKernel, Index, Load, LoopKernel,
+from .kernel import (ALIGN, SOURCE_OPS, Call, Const, Index, Load, LoopKernel,
                      Program, expr_nodes, scalar_arity)
 from .llvm_scalar import (I1, I64, PTR, Intrinsics, LLVMScalarBuilder, mem_type, reg_type)
 from .scalar import Typed, eval_call, reduce_scalar
@@ -191,9 +200,10 @@ class _Acc:
 
 
 class LoopEmitter:
-    def __init__(self, mb: ModuleBuilder, kernel: LoopKernel, fname: str, groups):
+    def __init__(self, mb: ModuleBuilder, kernel: LoopKernel, fname: str, groups,
+                 program: Program | None = None):
         self.mb = mb
-        self.program = mb.program
+        self.program = program or mb.program  # externs lower to loops over derived slots
         self.k = kernel
         self.fname = fname
         self.groups = groups
@@ -716,8 +726,7 @@ class CompiledProgram:
         if threaded:
             addr = module.global_address(f"{symbol}.nthreads")
             self._nthreads = ctypes.c_int32.from_address(addr)
-            from runtime import engine  # noqa: PLC0415
-            self.set_threads(engine.threads_per_cpu_device())
+            _follow_core_share(self)
 
     @property
     def threads(self) -> int:
@@ -736,6 +745,19 @@ class CompiledProgram:
 
     def runner(self, params=(), check=True) -> "Runner":
         return Runner(self, params, check)
+
+
+_threaded_programs: "weakref.WeakSet[CompiledProgram]" = weakref.WeakSet()
+
+
+def _follow_core_share(compiled: CompiledProgram):
+    """Threaded programs use the device's core share, and follow it when it changes."""
+    from runtime import engine  # noqa: PLC0415
+    if not _threaded_programs and not getattr(_follow_core_share, "hooked", False):
+        engine.on_core_share(lambda n: [p.set_threads(n) for p in list(_threaded_programs)])
+        _follow_core_share.hooked = True
+    _threaded_programs.add(compiled)
+    compiled.set_threads(engine.threads_per_cpu_device())
 
 
 def compile_program(program: Program, name: str = "program") -> CompiledProgram:

@@ -3,16 +3,25 @@
 Semantics are those of the registry's eager impls (compiler/ops/nn.py, movement.py,
 linalg.py, reduce.py); tests compare the two.
 
-Convolution is im2col + GEMM, one image (and group) at a time, into scratch arena space:
-the columns of one image stay in L2 (LeNet: 25 x 784 and 150 x 100 floats, about 80 KB)
-and each image is one ``sgemm`` W (O x CKK) @ cols (CKK x OH*OW) that writes NCHW output
-directly. At the book's sizes (batch 256: 1x28x28 -> 6@5x5 pad 2; 6x14x14 -> 16@5x5) and
-ResNet's 3x3 convolutions this beats direct loops: the reduction (C*KH*KW = 25..576) runs
-inside OpenBLAS's register-blocked micro-kernel at ~90 GFLOP/s per core instead of a
-scalar-accumulate loop over short rows (OW = 10..28 vectorizes poorly), and the im2col copy
-is a contiguous, vectorized memory move (tests/test_codegen_extern.py times both against the
-eager NumPy impl). Padding goes through a zero-bordered copy of the image so the im2col
-loops have no bounds checks; 1x1 stride-1 convolutions skip im2col entirely.
+Convolution: im2col + GEMM, one image (and group) at a time, into scratch arena space: the
+columns of one image stay in L2 (LeNet's second layer: 150 x 100 floats) and each image is
+one ``sgemm`` W (O x CKK) @ cols (CKK x OH*OW) writing NCHW output directly. Padding goes
+through a zero-bordered copy of the image so the im2col loops have no bounds checks; 1x1
+stride-1 convolutions skip im2col. Exception: a forward convolution with a tiny reduction
+and few filters (C*KH*KW <= 32, O <= 16: LeNet's first layer, 1x5x5 -> 6) runs as direct
+loops (a loop kernel over a padded copy, vectorized and split across threads), because
+256 calls of a 6 x 25 @ 25 x 784 sgemm are mostly call and packing overhead.
+Measured side by side at batch 256, float32, on this 2-core machine (two runs; it is shared,
+so absolute times wander):
+
+    layer                                   direct loops    im2col + sgemm
+    LeNet conv1 1x28x28 -> 6@5x5 pad 2      2.5 / 3.8 ms    4.0 / 8.6 ms
+    LeNet conv2 6x14x14 -> 16@5x5           6.7 / 11.8 ms   3.9 / 3.1 ms
+    ResNet 3x3, 32x64x28x28 -> 64, pad 1    83 / 90 ms      76 / 45 ms
+
+(the eager NumPy impl: 23-44, 18-25 and 143-215 ms). Gradients always use im2col + GEMM:
+dX = col2im(W^T @ g) per image, dW = sum over images of g @ cols^T (GEMMs accumulating
+with beta = 1).
 
 float32/float64 GEMMs call OpenBLAS (runtime/blas.py); other dtypes use loop GEMMs.
 """
@@ -67,7 +76,10 @@ def scratch_bytes(op, attrs, in_specs, out_specs) -> int:
     import numpy as np  # noqa: PLC0415
     if op == "conv2d":
         g = conv_geometry(in_specs[0].shape, in_specs[1].shape, attrs)
-        cols, padded = _conv_scratch(g, np.dtype(in_specs[0].dtype).itemsize)
+        size = np.dtype(in_specs[0].dtype).itemsize
+        if _use_direct(g):
+            return g["n"] * g["c"] * g["hp"] * g["wp"] * size if g["pad"] != (0, 0) else 0
+        cols, padded = _conv_scratch(g, size)
         return cols + padded
     if op == "conv2d_grad_data":
         g = conv_geometry(out_specs[0].shape, in_specs[1].shape, attrs)
@@ -365,6 +377,53 @@ def _zero_border(eb, g, step, dt):
     eb.fill(eb.scratch(step.scratch, cols_bytes), dt, g["c"] * g["hp"] * g["wp"], 0)
 
 
+def _use_direct(g) -> bool:
+    """Direct loops for convolutions with a tiny reduction and few filters (LeNet's first
+    layer: C*KH*KW = 25, O = 6), where per-image sgemm calls of 6 x 25 @ 25 x 784 are all
+    overhead; im2col + GEMM otherwise (see the module docstring for measurements)."""
+    return g["groups"] == 1 and g["cg"] * g["kh"] * g["kw"] <= 32 and g["o"] <= 16 and \
+        not _direct_1x1(g)
+
+
+def _conv2d_direct(eb: EB, step, g, dt):
+    """out[n, o, oh, ow] = sum_{c,kh,kw} xpad[n, c, oh*s + kh*d, ow*s + kw*d] w[o, c, kh, kw]
+    as a loop kernel (vectorized, split across threads) over a zero-padded copy of x."""
+    from .kernel import Access, Load, LoopKernel, Output, Slot, call  # noqa: PLC0415
+    from .llvm import LoopEmitter, param_groups  # noqa: PLC0415
+    import dataclasses  # noqa: PLC0415
+    sx, sw_ = step.in_slots
+    so = step.out_slots[0]
+    prog = eb.program
+    n, c, o = g["n"], g["c"], g["o"]
+    hp, wp = (g["hp"], g["wp"]) if g["pad"] != (0, 0) else (g["h"], g["w"])
+    src = sx
+    if g["pad"] != (0, 0):
+        sc = prog.slots[step.scratch]
+        prog = dataclasses.replace(prog, slots=prog.slots + (
+            Slot(dt, (n * c * hp * wp,), "scratch", sc.offset, "xpad"),))
+        src = len(prog.slots) - 1
+        xpad = eb.scratch(step.scratch, 0)
+        eb.fill(xpad, dt, n * c * hp * wp, 0)
+        ph, pw = g["pad"]
+        eb.copy_nest([n * c, g["h"], g["w"]], eb.gep(xpad, dt, ph * wp + pw), dt,
+                     [hp * wp, wp, 1], eb.slot_ptr(sx), dt, [g["h"] * g["w"], g["w"], 1])
+    (sh, sw), (dh, dw) = g["stride"], g["dil"]
+    kh, kw, oh, ow = g["kh"], g["kw"], g["oh"], g["ow"]
+    loop = (n, o, oh, ow, c, kh, kw)
+    kernel = LoopKernel(loop, (
+        Access(src, (c * hp * wp, 0, sh * wp, sw, hp * wp, dh * wp, dw)),
+        Access(sw_, (0, c * kh * kw, 0, 0, kh * kw, kw, 1))),
+        (Output(Access(so, (o * oh * ow, oh * ow, ow, 1, 0, 0, 0)),
+                call("mul", Load(0), Load(1), dtype=dt), "sum"),), "conv2d_direct")
+    groups = param_groups(prog, [src, sw_, so])
+    fn = LoopEmitter(eb.mb, kernel, eb.fn.name + ".direct", groups, prog).emit()
+    ptrs = []
+    for grp in groups:
+        s0 = grp.slots[0]
+        ptrs.append(eb.scratch(step.scratch, 0) if s0 == src and src != sx else eb.base[s0])
+    eb.b.call(fn, ptrs)
+
+
 def _conv2d(eb: EB, step, attrs):
     sx, sw_ = step.in_slots
     so = step.out_slots[0]
@@ -374,6 +433,9 @@ def _conv2d(eb: EB, step, attrs):
     ckk = g["cg"] * g["kh"] * g["kw"]
     ohw = g["oh"] * g["ow"]
     if g["n"] == 0 or g["o"] == 0 or ohw == 0:
+        return
+    if _use_direct(g):
+        _conv2d_direct(eb, step, g, dt)
         return
     _zero_border(eb, g, step, dt)
     with for_range(eb.b, g["n"]) as n:

@@ -18,7 +18,8 @@ The protocol (every method returns a value; ``x``, ``y`` are values):
 ``div``                            true division (integers divide in float32)
 ``floordiv mod``                   floored (Python/NumPy) semantics; integer x // 0 and x % 0
                                    give 0 as NumPy does
-``pow``                            x ** y
+``pow``                            x ** y (integer y < 0, where NumPy raises: 1/x**-y
+                                   truncated, i.e. 0 unless x is 1 or -1)
 ``max min``                        NaN-propagating like ``np.maximum`` / ``np.minimum``
 ``cmp(name, x, y)``                name in eq ne lt le gt ge; bool result (NaN != NaN)
 ``logical_and/or/xor(x, y)``       on truth values (x != 0); bool result
@@ -320,10 +321,7 @@ class ScalarBuilder:
         return Typed(self._select(cv, xv, yv, dt), dt)
 
     def cast(self, x, dtype):
-        dtype = np.dtype(dtype).name
-        if isinstance(x, Weak):
-            return self.typed(x, dtype)
-        return self.typed(x, dtype)
+        return self.typed(x, np.dtype(dtype).name)
 
 
 # ---------------------------------------------------------------- calls and RNG
@@ -421,6 +419,18 @@ _NP_CMP = {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equa
 _NP_LOGICAL = {"and": np.logical_and, "or": np.logical_or, "xor": np.logical_xor}
 
 
+def _int_pow(x, y, dt):
+    """Integer x ** y; y < 0 (NumPy raises) gives 1 / x**|y| truncated: 0 unless x is +-1."""
+    x, y = np.broadcast_arrays(x, y)
+    neg = y < 0
+    out = np.power(x, np.where(neg, 0, y)).astype(dt)
+    if neg.any():
+        odd = (np.abs(y) % 2) == 1
+        alt = np.where(x == 1, 1, np.where(x == -1, np.where(odd, -1, 1), 0)).astype(dt)
+        out = np.where(neg, alt, out).astype(dt)
+    return out
+
+
 class NumpyScalarBuilder(ScalarBuilder):
     """Evaluates scalar expressions elementwise on NumPy arrays (broadcasting)."""
 
@@ -437,7 +447,7 @@ class NumpyScalarBuilder(ScalarBuilder):
     def _binary(self, name, x, y, dt):
         with np.errstate(all="ignore"):
             if name == "pow" and dt in INTEGERS:
-                y = np.where(np.asarray(y) < 0, 0, y).astype(dt)  # NumPy raises; we give x**0
+                return _int_pow(np.asarray(x), np.asarray(y), dt)
             return np.asarray(_NP_BINARY[name](x, y)).astype(dt, copy=False)
 
     def _shr(self, v, n, dt):

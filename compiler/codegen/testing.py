@@ -14,8 +14,7 @@ import numpy as np
 
 from ..ops import eager_apply, infer_types, is_scalar
 from .interp import interpret
-from .kernel import (Access, Const, Load, Output, ProgramBuilder, broadcast_strides, call,
-                     contiguous_strides)
+from .kernel import Access, Const, Load, Output, ProgramBuilder, call, contiguous_strides
 
 
 class Case:
