@@ -38,3 +38,12 @@ def __getattr__(name):  # the LLVM backend loads llvmlite only when asked for
         from . import llvm  # noqa: PLC0415
         return getattr(llvm, name)
     raise AttributeError(name)
+
+
+def backend_compile(graph, backend, device, in_specs, param_specs):
+    """Lower an optimized graph and build its executable for ``backend``."""
+    if backend == "llvm":
+        from .llvm_exec import llvm_compile  # noqa: PLC0415
+        return llvm_compile(graph, device, in_specs, param_specs)
+    raise ValueError(f"backend {backend!r} has no code generator in this build "
+                     "(the CUDA backend needs a GPU session); use backend='llvm' or 'reference'")

@@ -77,21 +77,36 @@ def fuse(graph: Graph):
 
     order = g.op_nodes()
     epilogue_hits = []
+    has_extern: dict[int, bool] = {}  # group root -> holds an extern (at most one per kernel)
+
+    def merge(a, n, why_not):
+        ra, rn = find(a), find(n)
+        if ra == rn:
+            return True
+        if has_extern.get(ra) and has_extern.get(rn):
+            must[a] = why_not
+            refused.append((a, [n], why_not))
+            return False
+        parent[ra] = rn
+        has_extern[rn] = has_extern.get(rn, False) or has_extern.get(ra, False)
+        return True
+
     for n in order:
         parent.setdefault(n, n)
         kind = _kind(g, n)
+        has_extern[n] = kind == "extern" or g.op(n) in ("argmax", "argmin")
         for a in dict.fromkeys(g.arg_ids(n)):
             if g.op(a) in SOURCE_OPS:
                 continue
             if a not in must and kind in ("elementwise", "reduce"):
-                parent[find(a)] = find(n)  # inline producer a into n
+                merge(a, n, "joining it would put two extern kernels in one group")
             elif (kind == "elementwise" and g.op(a) in EPILOGUE_OF and
                   g.users(a) == [n] and a not in g.outputs and
                   g.spec(a).size == g.spec(n).size and
                   g.node(a)["device"] == g.node(n)["device"] and
-                  _group_root_is(find(a), a, parent, find)):
-                parent[find(a)] = find(n)  # n becomes the epilogue of extern a
-                epilogue_hits.append((a, n))
+                  _group_root_is(find(a), a, parent, find) and
+                  merge(a, n, "the consumer already ends another extern's epilogue")):
+                epilogue_hits.append((a, n))  # n becomes the epilogue of extern a
                 must.pop(a, None)
     groups: dict[int, list[int]] = {}
     for n in order:

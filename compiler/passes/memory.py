@@ -49,46 +49,74 @@ def plan_memory(graph: Graph):
                 s = storage(info["group_of"][a])
                 if s is not None:
                     last[s] = max(last.get(s, -1), step_of[gid])
+    end = len(order)
+    out_backed = {}  # storage group -> the output that is a reshape of it: written in place
+    for o in g.outputs:
+        if g.op(o) in SOURCE_OPS or groups[info["group_of"][o]]["kind"] != "view":
+            continue
+        s = storage(info["group_of"][o])
+        if s is None:
+            continue
+        if _reshape_chain(g, o, groups[s]["root"]) and groups[s]["root"] not in outputs \
+                and s not in out_backed:
+            out_backed[s] = o
+        else:  # any other view output is copied out at the end: keep its storage alive
+            last[s] = end
     buffers = {}
     for gid in order:
         grp = groups[gid]
-        if grp["kind"] == "view" or grp["root"] in outputs:
+        if grp["kind"] == "view" or grp["root"] in outputs or gid in out_backed:
             continue
         spec = g.spec(grp["root"])
         buffers[gid] = {"start": step_of[gid], "end": last.get(gid, step_of[gid]),
                         "bytes": _align(spec.size * np.dtype(spec.dtype).itemsize),
                         "dtype": spec.dtype, "size": spec.size}
-    live: list = []  # (end, offset, bytes, gid)
-    offsets, inplace = {}, []
-    arena = 0
-    peak = cur = 0
+    # 1. in place: an elementwise kernel writes over an input that dies at that kernel
+    inplace = []
+    share = {}  # gid -> the gid whose memory it reuses (chains resolve to one owner)
+    live_at: dict = {}
     for gid in order:
         if gid not in buffers:
             continue
         b = buffers[gid]
         step = b["start"]
-        # values whose last reader ran before this step are dead now
-        live = [x for x in live if x[0] >= step]
-        cur = sum(x[2] for x in live) + b["bytes"]
-        peak = max(peak, cur)
-        choice = None
         if groups[gid]["kind"] == "elementwise":
-            for x in live:  # in place over an input of this kernel dying here
-                src = buffers[x[3]]
-                if x[0] == step and src["bytes"] == b["bytes"] and src["dtype"] == b["dtype"] \
-                        and src["size"] == b["size"] and _reads(g, groups[gid], x[3], info):
-                    choice = x[1]
-                    inplace.append((gid, x[3]))
-                    live.remove(x)
-                    cur -= b["bytes"]
+            for src_gid, src in buffers.items():
+                owner = share.get(src_gid, src_gid)
+                if src["end"] == step and src_gid != gid and src["bytes"] == b["bytes"] and \
+                        src["dtype"] == b["dtype"] and src["size"] == b["size"] and \
+                        src["start"] < step and live_at.get(owner) == src_gid and \
+                        _reads(g, groups[gid], src_gid, info):
+                    inplace.append((gid, src_gid))
+                    share[gid] = owner
                     break
-        if choice is None:
-            choice = _first_fit(live, b["bytes"])
-        offsets[gid] = choice
-        arena = max(arena, choice + b["bytes"])
-        live.append((b["end"], choice, b["bytes"], gid))
+        live_at[share.get(gid, gid)] = gid
+    # 2. one interval per owner: its whole chain of in-place users
+    spans = {}
+    for gid, b in buffers.items():
+        owner = share.get(gid, gid)
+        lo, hi, nb = spans.get(owner, (b["start"], b["end"], b["bytes"]))
+        spans[owner] = (min(lo, b["start"]), max(hi, b["end"]), max(nb, b["bytes"]))
+    # 3. place the biggest first, each at the lowest offset free during its lifetime
+    placed = []  # (start, end, offset, bytes)
+    owner_off = {}
+    for owner, (lo, hi, nb) in sorted(spans.items(), key=lambda kv: (-kv[1][2], kv[1][0])):
+        busy = sorted((o, o + n) for a, z, o, n in placed if a <= hi and lo <= z)
+        off = 0
+        for b0, b1 in busy:
+            if b0 - off >= nb:
+                break
+            off = max(off, b1)
+        owner_off[owner] = off
+        placed.append((lo, hi, off, nb))
+    offsets = {gid: owner_off[share.get(gid, gid)] for gid in buffers}
+    arena = max((o + n for _, _, o, n in placed), default=0)
+    peak = 0
+    for step in range(len(order)):
+        peak = max(peak, sum(nb for lo, hi, nb in spans.values() if lo <= step <= hi))
     naive = sum(b["bytes"] for b in buffers.values())
     g.meta["memory"] = {"offsets": offsets, "buffers": buffers, "arena_bytes": arena,
+                        "out_backed": out_backed,
                         "naive_bytes": naive, "peak_bytes": peak, "inplace": inplace}
     return g, {"naive_bytes": naive, "arena_bytes": arena, "peak_live_bytes": peak,
                "inplace": len(inplace),
@@ -96,20 +124,19 @@ def plan_memory(graph: Graph):
                           f"(naive {naive} B, peak live {peak} B, {len(inplace)} in place)"}
 
 
+def _reshape_chain(g, node, root) -> bool:
+    """node is root seen through reshapes only (the same bytes in the same order)."""
+    while node != root:
+        if g.op(node) != "reshape":
+            return False
+        (node,) = g.arg_ids(node)
+    return True
+
+
 def _reads(g, grp, src_gid, info):
     members = set(grp["nodes"])
     return any(info["group_of"].get(a) == src_gid for n in grp["nodes"] for a in g.arg_ids(n)
                if a not in members)
-
-
-def _first_fit(live, nbytes):
-    spans = sorted((x[1], x[1] + x[2]) for x in live)
-    pos = 0
-    for lo, hi in spans:
-        if lo - pos >= nbytes:
-            return pos
-        pos = max(pos, hi)
-    return pos
 
 
 def check_plan(graph: Graph):

@@ -50,8 +50,10 @@ def schedule(graph: Graph):
         reads[grp["id"]] = {info["group_of"][a] for n in grp["nodes"] for a in g.arg_ids(n)
                             if g.op(a) not in SOURCE_OPS and a not in members}
     readers_left = {gid: dag.out_degree(gid) for gid in dag.nodes}
-    size = {grp["id"]: (0 if grp["kind"] == "view" else _nbytes(g.spec(grp["root"])))
-            for grp in groups}
+    outputs = set(g.outputs)
+    # outputs are handed to the caller, not held in the arena: they cost the plan nothing
+    size = {grp["id"]: (0 if grp["kind"] == "view" or grp["root"] in outputs
+                        else _nbytes(g.spec(grp["root"]))) for grp in groups}
     indeg = {gid: dag.in_degree(gid) for gid in dag.nodes}
     first = {grp["id"]: min(grp["nodes"]) for grp in groups}
 

@@ -66,6 +66,22 @@ def _double_transpose(graph, n):
                         graph.node(n).get("where"), graph.node(n)["device"])
 
 
+def _transpose_of_matmul(graph, n):
+    """(a @ b).T -> b.T @ a.T for matrices: the transposes become BLAS flags, not copies."""
+    if graph.op(n) != "transpose" or len(graph.spec(n).shape) != 2:
+        return None
+    (m,) = graph.arg_ids(n)
+    if graph.op(m) != "matmul" or len(graph.users(m)) != 1 or m in graph.outputs:
+        return None
+    a, b = graph.arg_ids(m)
+    if len(graph.spec(a).shape) != 2 or len(graph.spec(b).shape) != 2:
+        return None
+    where, dev = graph.node(n).get("where"), graph.node(n)["device"]
+    bt = graph.add_op("transpose", [NodeRef(b)], {"axes": (1, 0)}, where, dev)
+    at = graph.add_op("transpose", [NodeRef(a)], {"axes": (1, 0)}, where, dev)
+    return graph.add_op("matmul", [NodeRef(bt), NodeRef(at)], {}, where, dev)
+
+
 def _reshape_chain(graph, n):
     if graph.op(n) != "reshape":
         return None
@@ -128,6 +144,7 @@ RULES = [
     ("x/1", _identity_binary("div", 1, 1)),
     ("x*0 (integers)", _mul_zero_int),
     ("transpose(transpose(x))", _double_transpose),
+    ("transpose(a @ b)", _transpose_of_matmul),
     ("reshape chain", _reshape_chain),
     ("cast chain", _cast_chain),
     ("stop_gradient", _no_op("stop_gradient")),
