@@ -96,6 +96,18 @@ def _acc(F, acc, nid, g):
     acc[nid] = g if nid not in acc else F.add(acc[nid], g)
 
 
+VIEW_OPS = ("reshape", "transpose", "broadcast_to", "slice")
+
+
+def _view_chain(graph: Graph, n) -> list:
+    """[n, ...] if n is views all the way down to an input or parameter, else []."""
+    chain = []
+    while graph.op(n) in VIEW_OPS:
+        chain.append(n)
+        (n,) = graph.arg_ids(n)
+    return chain if chain and graph.op(n) in ("input", "param") else []
+
+
 @dataclasses.dataclass
 class TrainingGraphs:
     """A forward graph returning outputs + residuals, and the matching backward graph.
@@ -116,15 +128,24 @@ def split_joint(graph: Graph, wrt: list[int]) -> TrainingGraphs:
     needed = set(grads)
     for gr in grads:
         needed |= nx.ancestors(g, gr)
-    bwd_nodes = [n for n in joint.topo_order() if n in needed and n not in fwd_nodes
-                 and n not in grad_inputs]
+    bwd_set = {n for n in needed if n not in fwd_nodes and n not in grad_inputs}
+    # a view of an input or parameter (the transposed weight, the flattened input) is
+    # recomputed in the backward instead of being saved: it costs nothing there
+    for n in list(bwd_set):
+        for a in joint.arg_ids(n):
+            chain = _view_chain(joint, a)
+            if chain:
+                bwd_set.update(chain)
+    bwd_nodes = [n for n in joint.topo_order() if n in bwd_set]
     residuals = []
     for n in bwd_nodes:
         for a in joint.arg_ids(n):
-            if a in fwd_nodes and a not in residuals and joint.op(a) != "const":
+            if a in fwd_nodes and a not in bwd_set and a not in residuals and \
+                    joint.op(a) != "const":
                 residuals.append(a)
     for gr in grads:
-        if gr in fwd_nodes and gr not in residuals and joint.op(gr) != "const":
+        if gr in fwd_nodes and gr not in bwd_set and gr not in residuals and \
+                joint.op(gr) != "const":
             residuals.append(gr)
     # forward: the original outputs, then computed residuals
     forward = graph.copy()
@@ -139,14 +160,14 @@ def split_joint(graph: Graph, wrt: list[int]) -> TrainingGraphs:
     for i, gi in enumerate(grad_inputs):
         remap[gi] = backward.add_input(joint.spec(gi), f"grad_out{i}", joint.node(gi)["device"])
     for n in joint.topo_order():
-        if n in remap or not (n in needed or n in grads):
+        if n in remap or not (n in needed or n in grads or n in bwd_set):
             continue
         d = joint.node(n)
         if d["op"] == "const":
             name = d["attrs"]["name"]
             remap[n] = backward.add_const(joint.constants[name], name, d["device"])
             continue
-        if n not in bwd_nodes:
+        if n not in bwd_set:
             continue
         args = [NodeRef(remap[a.id]) if isinstance(a, NodeRef) else a for a in joint.args(n)]
         remap[n] = backward.add_op(d["op"], args, d["attrs"], d.get("where"), d["device"])

@@ -1,0 +1,211 @@
+"""The PERF.md workloads, side by side in one run: hybrid (LLVM backend) vs eager vs NumPy,
+and PyTorch / JAX when they are importable in this environment.
+
+    python benchmarks/bench_llvm.py            # HYBRID_SMOKE=1 for a quick pass
+
+A. the book's MLP forward, batch 1 and 64 (µs/call, 1000 calls then one sync)
+C. training step at batch 256: MLP 784-256-10 and LeNet (ms/step)
+D. y = tanh(x*a + b) * sigmoid(x) + 1 on 4,194,304 float32 (ms; GB/s vs memory copy)
+E. first-call latency: trace + compile, cold (empty cache) and warm (a new process)
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+import hybrid as hb
+from hybrid import autograd, loss, nn
+from hybrid.nn import models
+
+SMOKE = bool(hb.config.get("HYBRID_SMOKE"))
+REPS = 3
+
+
+def timeit(fn, n, sync=hb.waitall):
+    fn()
+    sync()
+    runs = []
+    for _ in range(REPS):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        sync()
+        runs.append((time.perf_counter() - t0) / n)
+    return statistics.median(runs)
+
+
+def book_mlp():
+    net = nn.HybridSequential()
+    net.add(nn.Dense(256, activation="relu"), nn.Dense(128, activation="relu"), nn.Dense(2))
+    net.initialize()
+    return net
+
+
+def _torch():
+    try:
+        import torch  # noqa: PLC0415
+        return torch
+    except ImportError:
+        return None
+
+
+def _jax():
+    try:
+        import jax  # noqa: PLC0415
+        return jax
+    except ImportError:
+        return None
+
+
+# ------------------------------------------------------------------------- A
+def bench_mlp(rows):
+    n = 100 if SMOKE else 1000
+    for bs in (1, 64):
+        x = hb.random.normal(size=(bs, 512))
+        res = {}
+        net = book_mlp()
+        res["hybrid eager"] = timeit(lambda: net(x), n)
+        net.hybridize(backend="llvm")
+        res["hybrid llvm"] = timeit(lambda: net(x), n)
+        w = [p.data().asnumpy() for p in net.collect_params().values()]
+        xn = x.asnumpy()
+
+        def np_mlp():
+            h = np.maximum(xn @ w[0].T + w[1], 0)
+            h = np.maximum(h @ w[2].T + w[3], 0)
+            return h @ w[4].T + w[5]
+        res["numpy"] = timeit(np_mlp, n, sync=lambda: None)
+        torch = _torch()
+        if torch is not None:
+            tnet = torch.nn.Sequential(torch.nn.Linear(512, 256), torch.nn.ReLU(),
+                                       torch.nn.Linear(256, 128), torch.nn.ReLU(),
+                                       torch.nn.Linear(128, 2)).eval()
+            tx = torch.from_numpy(xn)
+            with torch.no_grad():
+                res["torch eager"] = timeit(lambda: tnet(tx), n, sync=lambda: None)
+                scripted = torch.jit.script(tnet)
+                res["torch jit.script"] = timeit(lambda: scripted(tx), n, sync=lambda: None)
+        jax = _jax()
+        if jax is not None:
+            import jax.numpy as jnp  # noqa: PLC0415
+            jw = [jnp.asarray(a) for a in w]
+
+            @jax.jit
+            def jmlp(x):
+                h = jnp.maximum(x @ jw[0].T + jw[1], 0)
+                h = jnp.maximum(h @ jw[2].T + jw[3], 0)
+                return h @ jw[4].T + jw[5]
+            jx = jnp.asarray(xn)
+            res["jax jit"] = timeit(lambda: jmlp(jx).block_until_ready(), n, sync=lambda: None)
+        for k, v in res.items():
+            rows.append((f"A. MLP b{bs}", k, v * 1e6, "µs/call"))
+
+
+# ------------------------------------------------------------------------- C
+def bench_train(rows):
+    steps = 3 if SMOKE else 20
+    for name in ("mlp", "lenet"):
+        hb.random.seed(0)
+        x = hb.random.normal(size=(256, 1, 28, 28))
+        y = hb.array(np.arange(256) % 10, dtype="int32")
+        for mode in ("eager", "llvm"):
+            net = models.mlp(num_outputs=10) if name == "mlp" else models.lenet()
+            net.initialize(hb.init.Xavier())
+            net(x)
+            if mode == "llvm":
+                net.hybridize(backend="llvm")
+            trainer = hb.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1})
+            loss_fn = loss.SoftmaxCrossEntropyLoss()
+
+            def step():
+                with autograd.record():
+                    l = loss_fn(net(x), y)
+                l.backward()
+                trainer.step(256)
+            rows.append((f"C. {name} train b256", f"hybrid {mode}", timeit(step, steps) * 1e3,
+                         "ms/step"))
+
+
+# ------------------------------------------------------------------------- D
+def bench_chain(rows):
+    n = 1 << (16 if SMOKE else 22)
+    reps = 5 if SMOKE else 20
+    rng = np.random.default_rng(0)
+    xn, an, bn = (rng.standard_normal(n).astype(np.float32) for _ in range(3))
+
+    @hb.hybridize(backend="llvm")
+    def chain(x, a, b):
+        return hb.tanh(x * a + b) * hb.sigmoid(x) + 1
+    x, a, b = hb.array(xn), hb.array(an), hb.array(bn)
+    t = timeit(lambda: chain(x, a, b), reps)
+    rows.append(("D. ewise chain 4M", "hybrid llvm (1 kernel)", t * 1e3, "ms"))
+    rows.append(("D. ewise chain 4M", "numpy", timeit(
+        lambda: np.tanh(xn * an + bn) / (1 + np.exp(-xn)) + 1, reps, sync=lambda: None) * 1e3,
+        "ms"))
+    src = np.empty(32 << 20, np.float64)
+    dst = np.empty_like(src)
+    tc = timeit(lambda: np.copyto(dst, src), 5, sync=lambda: None)
+    copy_gbs = 2 * src.nbytes / tc / 1e9
+    chain_gbs = 4 * xn.nbytes / t / 1e9
+    rows.append(("F. memory copy 256 MiB", "numpy copyto", copy_gbs, "GB/s"))
+    rows.append(("D. ewise chain 4M", "achieved (3 reads + 1 write)", chain_gbs,
+                 f"GB/s ({100 * chain_gbs / copy_gbs:.0f}% of copy)"))
+    torch = _torch()
+    if torch is not None and hasattr(torch, "compile"):
+        tx, ta, tb = (torch.from_numpy(v) for v in (xn, an, bn))
+        fn = torch.compile(lambda x, a, b: torch.tanh(x * a + b) * torch.sigmoid(x) + 1)
+        rows.append(("D. ewise chain 4M", "torch.compile", timeit(
+            lambda: fn(tx, ta, tb), reps, sync=lambda: None) * 1e3, "ms"))
+
+
+# ------------------------------------------------------------------------- E
+_FIRST_CALL = """
+import time, hybrid as hb
+from hybrid.nn import models
+name = {name!r}
+net = models.mlp(num_outputs=10) if name == "mlp" else models.lenet()
+net.initialize()
+x = hb.random.normal(size=(1, 1, 28, 28))
+net(x)
+net.hybridize(backend="llvm")
+t0 = time.perf_counter()
+net(x).wait_to_read()
+print(time.perf_counter() - t0)
+"""
+
+
+def bench_compile(rows):
+    with tempfile.TemporaryDirectory() as cache:
+        env = dict(os.environ, HYBRID_CACHE_DIR=cache)
+        for name in ("mlp", "lenet"):
+            for label in ("cold", "warm"):
+                out = subprocess.run([sys.executable, "-c", _FIRST_CALL.format(name=name)],
+                                     env=env, capture_output=True, text=True, timeout=300)
+                if out.returncode != 0:
+                    rows.append((f"E. first call {name}", label, float("nan"), out.stderr[-200:]))
+                    continue
+                rows.append((f"E. first call {name} (predict)", f"{label} cache",
+                             float(out.stdout.split()[-1]) * 1e3, "ms"))
+
+
+def main():
+    rows = []
+    for bench in (bench_mlp, bench_chain, bench_train, bench_compile):
+        bench(rows)
+    print(f"\nhybrid benchmarks (load average {os.getloadavg()[0]:.1f}; "
+          f"torch {'yes' if _torch() else 'not installed'}, "
+          f"jax {'yes' if _jax() else 'not installed'})")
+    print(f"{'workload':32s} {'variant':30s} {'value':>10s}  unit")
+    for w, v, val, unit in rows:
+        print(f"{w:32s} {v:30s} {val:10.2f}  {unit}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
