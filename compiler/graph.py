@@ -13,7 +13,7 @@ import json
 import networkx as nx
 import numpy as np
 
-from .ops import REGISTRY, OpError, Spec, infer_types
+from .ops import ALL_DTYPES, REGISTRY, OpError, Spec, infer_types
 
 SCHEMA_VERSION = 1
 SOURCE_OPS = ("input", "param", "const")
@@ -53,7 +53,7 @@ class Graph:
         return nid
 
     def add_const(self, value: np.ndarray, name: str | None = None, device="cpu(0)") -> int:
-        value = np.ascontiguousarray(value)
+        value = np.array(value, order="C", copy=True)  # (ascontiguousarray makes 0-d 1-d)
         name = name or f"const{len(self.constants)}"
         self.constants[name] = value
         return self._add("const", Spec(value.shape, value.dtype.name), {"name": name},
@@ -69,6 +69,7 @@ class Graph:
             else:
                 specs.append(a)
                 scalars[pos] = a
+        attrs = {k: _attr_value(v) for k, v in attrs.items()}
         out = infer_types(name, specs, attrs)
         if len(out) != 1:
             raise GraphError(f"op {name} has {len(out)} outputs; graphs hold one-output ops")
@@ -208,13 +209,18 @@ class Graph:
         registry and every type is re-inferred (a mismatch is refused)."""
         try:
             doc = json.loads(text)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except RecursionError:
+            raise GraphError("graph.json is not valid JSON: nested too deeply") from None
+        except ValueError as exc:  # not UTF-8, not JSON, an integer of too many digits
             raise GraphError(f"graph.json is not valid JSON: {exc}") from None
         try:
             return _from_doc(cls, doc, constants)
         except GraphError:
             raise
-        except (KeyError, TypeError, ValueError, IndexError, AttributeError, OpError) as exc:
+        except RecursionError:
+            raise GraphError("graph.json is malformed: nested too deeply") from None
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError, OpError,
+                ArithmeticError) as exc:
             raise GraphError(f"graph.json is malformed: {type(exc).__name__}: {exc}") from None
 
 
@@ -240,6 +246,8 @@ def _from_doc(cls, doc, constants):
     consts = dict(constants or {})
     for k, v in (doc.get("constants") or {}).items():
         raw = base64.b64decode(v["data"], validate=True)
+        if v["dtype"] not in ALL_DTYPES:
+            raise GraphError(f"graph.json: constant {k!r} has unsupported dtype {v['dtype']!r}")
         dt = np.dtype(v["dtype"])
         shape = tuple(int(s) for s in v["shape"])
         if len(raw) != dt.itemsize * int(np.prod(shape, dtype=np.int64)):
@@ -252,7 +260,7 @@ def _from_doc(cls, doc, constants):
         raise GraphError("graph.json: 'nodes' must be a list")
     for nd in nodes:
         op = nd["op"]
-        spec = Spec(tuple(int(s) for s in nd["shape"]), str(nd["dtype"]))
+        spec = _checked_spec(nd)
         where = tuple(nd["where"]) if nd.get("where") else None
         device = str(nd.get("device", "cpu(0)"))
         attrs = _restore(nd.get("attrs") or {})
@@ -281,7 +289,7 @@ def _from_doc(cls, doc, constants):
                                          "it is defined (nodes must be in topological order)")
                     args.append(NodeRef(idmap[src]))
                 else:
-                    args.append(a["scalar"])
+                    args.append(_checked_scalar(a["scalar"], nd["id"]))
             nid = g.add_op(op, args, attrs, where, device)
             if g.spec(nid) != spec:
                 raise GraphError(f"graph.json: node {nd['id']} ({op}) is recorded as {spec} but "
@@ -290,9 +298,49 @@ def _from_doc(cls, doc, constants):
             raise GraphError(f"graph.json: node id {nd['id']} appears twice")
         idmap[int(nd["id"])] = nid
     remap = (lambda ids: [idmap[int(i)] for i in ids])
-    g.inputs, g.params, g.outputs = remap(doc["inputs"]), remap(doc["params"]), \
-        remap(doc["outputs"])
+    inputs, params = remap(doc["inputs"]), remap(doc["params"])
+    for kind, listed, have in (("inputs", inputs, g.inputs), ("params", params, g.params)):
+        if sorted(listed) != sorted(have) or len(set(listed)) != len(listed):
+            raise GraphError(f"graph.json: '{kind}' must list every {kind[:-1]} node exactly "
+                             "once")
+    g.inputs, g.params, g.outputs = inputs, params, remap(doc["outputs"])
     return g
+
+
+_MAX_DIM = 1 << 62
+
+
+def _checked_spec(nd) -> Spec:
+    """A node's recorded type, refused unless it is a plain shape and a supported dtype."""
+    shape, dtype = nd["shape"], nd["dtype"]
+    if not isinstance(shape, list) or len(shape) > 64 or not all(
+            isinstance(s, int) and not isinstance(s, bool) and 0 <= s < _MAX_DIM for s in shape):
+        raise GraphError(f"graph.json: node {nd.get('id')!r} has shape {shape!r}; a shape is a "
+                         "list of at most 64 non-negative integers")
+    if dtype not in ALL_DTYPES:
+        raise GraphError(f"graph.json: node {nd.get('id')!r} has dtype {dtype!r}; supported: "
+                         f"{', '.join(ALL_DTYPES)}")
+    return Spec(tuple(shape), dtype)
+
+
+def _checked_scalar(v, nid):
+    """A scalar argument: a JSON number or bool (integers within int64)."""
+    if isinstance(v, bool) or isinstance(v, float):
+        return v
+    if isinstance(v, int) and -(1 << 63) <= v < (1 << 63):
+        return v
+    raise GraphError(f"graph.json: node {nid!r} has scalar argument {v!r}; a scalar is a "
+                     "number or a bool (integers within int64)")
+
+
+def _attr_value(v):
+    """Attributes are plain data: a dtype given as a type (np.float32) becomes its name."""
+    if isinstance(v, type) or isinstance(v, np.dtype):
+        try:
+            return np.dtype(v).name
+        except TypeError:
+            return v
+    return v
 
 
 def _short(v):

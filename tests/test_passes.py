@@ -186,3 +186,16 @@ def test_random_graphs_passes_preserve_results(g, seed):
 @given(random_graphs(), st.integers(0, 2**31 - 1))
 def test_random_graphs_long(g, seed):
     test_random_graphs_passes_preserve_results.hypothesis.inner_test(g, seed)
+
+
+@settings(max_examples=40, deadline=None)
+@given(random_graphs(), st.integers(0, 2**31 - 1))
+def test_random_graphs_llvm_backend_matches_reference(g, seed):
+    from compiler.pipeline import compile as compile_graph
+    rng = np.random.default_rng(seed)
+    inputs = [rng.standard_normal(g.spec(i).shape).astype(np.float32) for i in g.inputs]
+    expect = run_reference(g, inputs)
+    got = compile_graph(g, "llvm")(np, inputs, [])
+    for e, r in zip(expect, got):
+        assert r.shape == e.shape and r.dtype == e.dtype
+        np.testing.assert_allclose(r, e, rtol=1e-5, atol=1e-5)

@@ -169,8 +169,9 @@ class EB:
             if d == len(extents):
                 v = self.load(self.gep(src, src_dt, soff), src_dt)
                 p = self.gep(dst, dst_dt, doff)
-                if accumulate:
-                    v = self.sb.add(self.load(p, dst_dt), self.sb.typed(v, dst_dt))
+                if accumulate:  # NumPy adds booleans as a logical or (True + True is True)
+                    acc = self.sb.logical_or if dst_dt == "bool" else self.sb.add
+                    v = acc(self.load(p, dst_dt), self.sb.typed(v, dst_dt))
                 self.store(p, v, dst_dt)
                 return
             with for_range(b, extents[d]) as i:
