@@ -30,6 +30,9 @@ PIPELINE: list = [
 ]
 
 
+LOG_CHANNEL = {"fuse": "fusion"}  # the HYBRID_LOG channel of each pass (default: its name)
+
+
 def run_passes(graph: Graph, passes=None):
     """Run the pass list; returns (graph, reports) with one report per pass."""
     passes = PIPELINE if passes is None else passes
@@ -47,6 +50,12 @@ def run_passes(graph: Graph, passes=None):
         reports.append(rep)
         if check:
             verify(graph, name)
+        channel = LOG_CHANNEL.get(name, name)
+        if config.log_enabled(channel):
+            config.logger(channel).info("%s: %s", graph.name, rep.get("summary", rep))
+            if channel == "fusion":
+                from .passes.fusion import describe  # noqa: PLC0415
+                config.logger(channel).info("%s", describe(graph))
         if name in show or "all" in show:
             print(f"--- after {name} ---\n{graph.format()}")
     return graph, reports
