@@ -83,9 +83,16 @@ def target_info() -> dict:
     return dict(target()[2])
 
 
-def key_record(ir_text: str, extra: dict | None = None) -> dict:
+def key_record(ir_text, extra: dict | None = None, source_key: str | None = None) -> dict:
+    """The cache key: the IR's sha256 — or, when the caller generates IR deterministically
+    from a source it can name (a kernel Program's hash), that ``source_key``, so a warm
+    start does not have to generate the IR at all."""
     info = target_info()
-    rec = {"format": FORMAT, "ir_sha256": hashlib.sha256(ir_text.encode()).hexdigest()}
+    rec = {"format": FORMAT}
+    if source_key is not None:
+        rec["source_key"] = source_key
+    else:
+        rec["ir_sha256"] = hashlib.sha256(ir_text.encode()).hexdigest()
     rec.update({k: info[k] for k in ("triple", "cpu", "features", "llvmlite", "llvm",
                                      "hybrid")})
     for k, v in (extra or {}).items():
@@ -123,8 +130,9 @@ class NativeModule:
         return ctypes.CFUNCTYPE(restype, *argtypes)(self.addresses[symbol])
 
 
-def compile_ir(ir_text: str, entries, key: dict | None = None, name: str = "module",
-               before_load=None, globals_=()) -> NativeModule:
+def compile_ir(ir_text, entries, key: dict | None = None, name: str = "module",
+               before_load=None, globals_=(), source_key: str | None = None,
+               optional_globals=()) -> NativeModule:
     """Machine code for ``ir_text`` (from the disk cache when possible).
 
     entries: the functions whose addresses are wanted; globals_: global variables too (the
@@ -133,7 +141,7 @@ def compile_ir(ir_text: str, entries, key: dict | None = None, name: str = "modu
     register the external symbols it calls, e.g. BLAS).
     """
     entries = tuple(entries)
-    record = key_record(ir_text, key)
+    record = key_record(ir_text, key, source_key)
     digest = key_digest(record)
     mod = _loaded.get(digest)
     if mod is not None:
@@ -149,12 +157,14 @@ def compile_ir(ir_text: str, entries, key: dict | None = None, name: str = "modu
         hit = obj is not None
         times = {}
         if obj is None:
+            if callable(ir_text):  # generated only when it must be compiled
+                ir_text = ir_text()
             obj, times = _compile(ir_text, name, dump)
             _write_cache(path, record, obj)
         if before_load is not None:
             before_load()
         t1 = time.perf_counter()
-        engine, addresses = _load(obj, entries, tuple(globals_))
+        engine, addresses = _load(obj, entries, tuple(globals_), tuple(optional_globals))
         times["load"] = time.perf_counter() - t1
         total = time.perf_counter() - t0
         detail = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in times.items())
@@ -200,7 +210,7 @@ def _dump(where: Path, name: str, ir_text: str, opt_text: str, asm: str):
     _log().info("%s: dumped %s.{ll,opt.ll,s} to %s", name, stem, where)
 
 
-def _load(obj: bytes, entries, globals_=()):
+def _load(obj: bytes, entries, globals_=(), optional_globals=()):
     llvm, tm, _info = target()
     engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), tm)
     engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
@@ -217,6 +227,10 @@ def _load(obj: bytes, entries, globals_=()):
         if not addr:
             raise RuntimeError(f"native code has no global {sym!r}")
         addresses[sym] = addr
+    for sym in optional_globals:
+        addr = engine.get_global_value_address(sym)
+        if addr:
+            addresses[sym] = addr
     return engine, addresses
 
 

@@ -44,7 +44,7 @@ from llvmlite import ir
 
 from runtime import native
 
-from .kernel import (ALIGN, SOURCE_OPS, Call, Const, Index, Load, LoopKernel,
+from .kernel import (ALIGN, SOURCE_OPS, Call, Const, ExternKernel, Index, Load, LoopKernel,
                      Program, expr_nodes, scalar_arity)
 from .llvm_scalar import (I1, I64, PTR, Intrinsics, LLVMScalarBuilder, mem_type, reg_type)
 from .scalar import Typed, eval_call, reduce_scalar
@@ -761,17 +761,30 @@ def _follow_core_share(compiled: CompiledProgram):
 
 
 def compile_program(program: Program, name: str = "program") -> CompiledProgram:
-    """Generate, optimize (O3, host CPU) and load ``program``; cached in memory and on disk."""
-    mb = ModuleBuilder(program, name)
-    text = mb.build()
-    before = None
-    if mb.uses_blas:
-        from runtime import blas  # noqa: PLC0415
+    """Generate, optimize (O3, host CPU) and load ``program``; cached in memory and on disk.
+
+    The disk cache is keyed by the Program's own hash (IR generation is deterministic), so a
+    warm start loads machine code without building the LLVM module in Python at all.
+    """
+    symbol = sanitize(name)
+    built = {}
+
+    def ir_text():
+        mb = ModuleBuilder(program, name)
+        built["mb"] = mb
+        return mb.build()
+
+    if any(isinstance(s, ExternKernel) for s in program.steps):
+        from runtime import blas  # noqa: PLC0415 - BLAS symbols must exist before linking
         before = blas.load
-    module = native.compile_ir(text, [mb.name], key={"codegen": CODEGEN_VERSION},
-                               name=name, before_load=before,
-                               globals_=[f"{mb.name}.nthreads"] if mb.threaded else ())
-    return CompiledProgram(program, name, module, mb.name, mb.threaded)
+    else:
+        before = None
+    module = native.compile_ir(
+        ir_text, [symbol], key={"codegen": CODEGEN_VERSION, "symbol": symbol}, name=name,
+        before_load=before, source_key=program.key(),
+        optional_globals=[f"{symbol}.nthreads"])
+    threaded = f"{symbol}.nthreads" in module.addresses
+    return CompiledProgram(program, name, module, symbol, threaded)
 
 
 class Runner:
