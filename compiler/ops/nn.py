@@ -9,7 +9,7 @@ from .core import OpError, Spec, check_dtype, register
 
 def _pair(v, name, op):
     if isinstance(v, int):
-        return (v, v)
+        return (int(v), int(v))  # a bool read from JSON becomes a plain int for the kernels
     v = tuple(int(a) for a in v)
     if len(v) != 2:
         raise OpError(f"{op}: {name} must be an int or a pair, got {v}")

@@ -10,8 +10,20 @@ from .composite import reduced_shape
 from .core import OpError, Spec, check_dtype, normalize_axis, register
 
 
+def _check_reduce_attrs(name, axis, keepdims):
+    """axis: None, an int or a sequence of ints; keepdims: a bool (not merely truthy), so a
+    graph read from JSON cannot carry attributes the eager kernels would choke on."""
+    axes = () if axis is None else (axis,) if not isinstance(axis, (tuple, list)) else axis
+    if any(isinstance(a, (bool, np.bool_)) or not isinstance(a, (int, np.integer))
+           for a in axes):
+        raise OpError(f"{name}: axis must be None, an int or a sequence of ints, got {axis!r}")
+    if not isinstance(keepdims, (bool, np.bool_, int, np.integer)):
+        raise OpError(f"{name}: keepdims must be a bool, got {keepdims!r}")
+
+
 def _reduce_infer(name, allowed, out_dtype=None):
     def infer(x, axis=None, keepdims=False):
+        _check_reduce_attrs(name, axis, keepdims)
         check_dtype(name, "x", x.dtype, allowed)
         normalize_axis(axis, x.ndim, name)
         dt = out_dtype or x.dtype
@@ -86,6 +98,7 @@ register("min", "reduce", infer=_reduce_infer("min", "numeric"), impl=_np_reduce
 
 def _arg_infer(name):
     def infer(x, axis=None, keepdims=False):
+        _check_reduce_attrs(name, axis, keepdims)
         check_dtype(name, "x", x.dtype, "numeric")
         if axis is not None and not isinstance(axis, (int, np.integer)):
             raise OpError(f"{name}: axis must be an int or None, got {axis!r}")

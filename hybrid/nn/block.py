@@ -466,6 +466,11 @@ class HybridBlock(Block):
         from .. import deploy  # noqa: PLC0415 - deployment is optional at import time
         return deploy.export(self, path, example_inputs, **kw)
 
+    def export_onnx(self, path, example_inputs=None, **kw):
+        """Write an ONNX model (see hybrid.onnx_export.export_onnx; needs ``onnx``)."""
+        from ..onnx_export import export_onnx  # noqa: PLC0415 - optional dependency
+        return export_onnx(self, path, example_inputs, **kw)
+
     def infer_shape(self, *args):
         """Finish deferred initialization by running forward once eagerly (no recording)."""
         from .. import autograd  # noqa: PLC0415
