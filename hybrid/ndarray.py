@@ -6,11 +6,15 @@ autograd tape; while a hybridize trace is active it builds graph nodes instead.
 """
 from __future__ import annotations
 
+import math
 import numbers
+from functools import partial as _partial
 
 import numpy as np
 
-from compiler.ops import REGISTRY, OpError, dtype_name, eager_apply, infer_types, is_scalar
+from compiler.ops import (REGISTRY, OpError, Spec, dtype_name, eager_kernel, infer_types,
+                          is_scalar)
+from compiler.ops.core import InferCache, attrs_key
 from runtime import engine as _engine_mod
 from runtime.device import Device, current_device, parse_device
 from runtime.memory import Buffer
@@ -29,6 +33,21 @@ def np_dtype(name: str) -> np.dtype:
 
 
 _INLINE_MAX = 1 << 14  # elements: smaller ops may run in the caller when their device is idle
+_INLINE_MACS = 1 << 18  # multiply-adds: a smaller matmul may run in the caller too (~10 us)
+_VIEW_OPS = frozenset(("transpose", "broadcast_to", "slice"))  # O(1) at any size: views
+
+
+def _may_inline(op, args, specs) -> bool:
+    """Whether the engine may run this op in the caller when its device is idle: a cheap op,
+    where a hand-off to the device's worker thread would cost more than the op itself."""
+    if op.name in _VIEW_OPS:
+        return True
+    size = math.prod(specs[0].shape)
+    if op.kind != "extern":
+        return size <= _INLINE_MAX
+    if op.name == "matmul":  # (..., m, k) @ (..., k, n): size * k multiply-adds
+        return size * args[0].shape[-1] <= _INLINE_MACS
+    return False  # convolution, pooling: their cost is not told by their output size
 
 
 class NDArray:
@@ -339,50 +358,118 @@ def _fmt(where):
 # ============================================================== the one door
 def apply(name: str, args, attrs: dict):
     """Apply registry op ``name``: eagerly on the engine, or into the active trace."""
-    if _state.tracing():
+    if _local.trace is not None:
         from .tracing import trace_apply  # noqa: PLC0415
         return trace_apply(name, args, attrs)
     return _eager(name, args, attrs)
 
 
+_local = _state.local
+_get_op = REGISTRY.get
+# What an eager call derives from its types, keyed by (op, shape/dtype of each array argument,
+# type of each scalar, attrs): (output Specs, may-run-inline). A hit skips shape inference.
+_INFER = InferCache(4096)
+_infer_get = _INFER._map.get
+_infer_touch = _INFER._map.move_to_end
+_record_op = None  # hybrid.autograd.record_op, bound at the first recorded op
+_DEVICES: dict = {}  # one Device object per device, so argument checks compare with ``is``
+
+
+def _canon_device(device: Device) -> Device:
+    d = _DEVICES.get(device)
+    if d is None:
+        d = _DEVICES.setdefault(device, device)
+    return d
+
+
+def _run_one(kernel, xp, bufs, attrs, ob):
+    """An eager op's engine function (bound with functools.partial: no closure cells)."""
+    ob.data = kernel(xp, [b.data if isinstance(b, Buffer) else b for b in bufs], attrs)[0]
+
+
+def _run_many(kernel, xp, bufs, attrs, out_bufs):
+    for ob, r in zip(out_bufs, kernel(xp, [b.data if isinstance(b, Buffer) else b for b in bufs],
+                                      attrs)):
+        ob.data = r
+
+
 def _eager(name, args, attrs):
+    op = _get_op(name)
     device = None
+    key = [name]
+    bufs = []
+    reads = []
     for a in args:
         if isinstance(a, NDArray):
+            d = a.device
             if device is None:
-                device = a.device
-            elif a.device != device:
+                device = d
+            elif d is not device and d != device:
                 raise ValueError(
-                    f"{name}: arguments are on different devices ({device} and {a.device}); "
+                    f"{name}: arguments are on different devices ({device} and {d}); "
                     f"move one with .copyto(device) or .to(device) "
                     f"(at {_fmt(user_frame())})")
-        elif not is_scalar(a):
+            b = a._buf
+            bufs.append(b)
+            reads.append(b.var)
+            key.append(a.shape)
+            key.append(a._dtype)
+        elif is_scalar(a):
+            bufs.append(a)
+            # Type rules see a scalar's kind only (weak typing); other kinds key on the value.
+            key.append(type(a) if op is not None and op.kind == "elementwise" else (type(a), a))
+        else:
             raise TypeError(f"{name}: arguments must be hybrid arrays or Python numbers, got "
                             f"{type(a).__name__} (wrap NumPy data with hb.array) "
                             f"(at {_fmt(user_frame())})")
-    device = device or current_device()
-    try:
-        specs = infer_types(name, args, attrs)
-    except OpError as exc:
-        raise OpError(f"{exc} (at {_fmt(user_frame())})") from None
-    outs = [NDArray(Buffer(), s.shape, s.dtype, device) for s in specs]
-    bufs = [a._buf if isinstance(a, NDArray) else a for a in args]
-    out_bufs = [o._buf for o in outs]
+    if device is None:
+        device = _canon_device(current_device())
+    akey = attrs_key(attrs) if attrs else ()
+    entry = None
+    if akey is not None:
+        key.append(akey)
+        key = tuple(key)
+        entry = _infer_get(key)
+        if entry is not None:
+            try:
+                _infer_touch(key)  # LRU order
+            except KeyError:  # evicted meanwhile by another front-end thread
+                pass
+    if entry is None:
+        try:
+            specs = infer_types(name, args, attrs)
+        except OpError as exc:
+            raise OpError(f"{exc} (at {_fmt(user_frame())})") from None
+        specs = tuple(Spec(tuple(s.shape), s.dtype) for s in specs)
+        entry = (specs, _may_inline(op, args, specs), eager_kernel(name, specs))
+        if akey is not None:
+            _INFER.put(key, entry)
+    specs, small, kernel = entry
     xp = device.xp
+    if len(specs) == 1:
+        s = specs[0]
+        out = NDArray(Buffer(), s.shape, s.dtype, device)
+        ob = out._buf
+        writes = (ob.var,)
+        run = _partial(_run_one, kernel, xp, bufs, attrs, ob)
+    else:
+        outs = tuple(NDArray(Buffer(), s.shape, s.dtype, device) for s in specs)
+        out_bufs = [o._buf for o in outs]
+        writes = tuple(b.var for b in out_bufs)
+        out = None
+        run = _partial(_run_many, kernel, xp, bufs, attrs, out_bufs)
 
-    def run():
-        raw = [b.data if isinstance(b, Buffer) else b for b in bufs]
-        for ob, r in zip(out_bufs, eager_apply(xp, name, raw, attrs, specs)):
-            ob.data = r
-
-    small = outs[0].size <= _INLINE_MAX and REGISTRY[name].kind != "extern"
-    _engine_mod.get_engine().push(
-        run, tuple(b.var for b in bufs if isinstance(b, Buffer)),
-        tuple(b.var for b in out_bufs), device, name, user_frame(), small)
-    if _state.is_recording():
-        from .autograd import record_op  # noqa: PLC0415
-        record_op(name, args, attrs, outs)
-    return outs[0] if len(outs) == 1 else tuple(outs)
+    # The user's line, for the engine's error messages. Start above apply: _eager is entered
+    # only through apply, and frames skipped by depth are not materialized (cheaper walk).
+    _engine_mod.get_engine().push(run, tuple(reads), writes, device, name, user_frame(3),
+                                  small)
+    if _local.recording:
+        global _record_op
+        if _record_op is None:
+            from .autograd import record_op  # noqa: PLC0415 - autograd imports this module
+            _record_op = record_op
+        _record_op(name, args, attrs, [out] if out is not None else list(outs))
+    return out if out is not None else outs
 
 
 def _transfer(x: NDArray, device: Device) -> NDArray:
@@ -413,6 +500,7 @@ def _transfer(x: NDArray, device: Device) -> NDArray:
 
 # ============================================================== creation
 def _from_numpy(data: np.ndarray, device: Device) -> NDArray:
+    device = _canon_device(device)
     out = NDArray(Buffer(), data.shape, data.dtype.name, device)
     if device.kind == "cpu":
         out._buf.data = data

@@ -300,6 +300,7 @@ class Engine:
                         if w.sleeping:
                             w.cv.notify()
                 op.dependents = ()
+                op.reads = op.writes = ()  # break the op <-> Var cycle: freed by refcount
             n = len(ops)
             worker.active -= n
             self._inflight -= n

@@ -6,7 +6,9 @@ generators lower it (a scalar expression for elementwise ops, an extern kernel o
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
+import math
 from typing import Any, Callable, NamedTuple
 
 import numpy as np
@@ -35,7 +37,7 @@ class Spec(NamedTuple):
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return int(math.prod(self.shape))
 
     def __str__(self):
         short = {"float32": "f32", "float64": "f64", "float16": "f16", "int32": "i32",
@@ -43,31 +45,64 @@ class Spec(NamedTuple):
         return f"{short.get(self.dtype, self.dtype)}[{','.join(map(str, self.shape))}]"
 
 
+# Canonical names of what dtype_name saw before (str, np.dtype, scalar types): the hot path is
+# one dict lookup. Bounded: only successful conversions are kept, and at most _NAMES_MAX.
+_NAMES: dict = {}
+_NAMES_MAX = 256
+for _n in ALL_DTYPES:
+    _NAMES[_n] = _n
+    _NAMES[np.dtype(_n)] = _n
+    _NAMES[np.dtype(_n).type] = _n
+del _n
+
+
 def dtype_name(dtype) -> str:
     """Canonical dtype name ('float32', ...) from anything NumPy understands."""
+    try:
+        name = _NAMES.get(dtype)
+    except TypeError:  # unhashable: let NumPy decide
+        name = None
+    if name is not None:
+        return name
     if dtype is None:
         return DEFAULT_FLOAT
-    if isinstance(dtype, np.dtype) and dtype.name in ALL_DTYPES:
-        return dtype.name
-    if isinstance(dtype, str) and dtype in ALL_DTYPES:
-        return dtype
     try:
         name = np.dtype(dtype).name
     except TypeError:
         raise OpError(f"unknown dtype {dtype!r}; supported: {', '.join(ALL_DTYPES)}") from None
     if name not in ALL_DTYPES:
         raise OpError(f"dtype {name} is not supported; supported: {', '.join(ALL_DTYPES)}")
+    if len(_NAMES) < _NAMES_MAX:
+        try:
+            _NAMES[dtype] = name
+        except TypeError:
+            pass
     return name
+
+
+_SCALAR_TYPES = (bool, int, float, np.number, np.bool_)
+# Exact scalar type -> its weak dtype; filled lazily for NumPy scalar types.
+_SCALAR_KIND: dict = {bool: "bool", int: "int64", float: DEFAULT_FLOAT}
 
 
 def is_scalar(v) -> bool:
     """A Python/NumPy number used directly as an operand (a 'weak' type, as in JAX)."""
-    return isinstance(v, (bool, int, float, np.number, np.bool_))
+    return type(v) in _SCALAR_KIND or isinstance(v, _SCALAR_TYPES)
+
+
+def scalar_kind(v):
+    """The weak dtype of a scalar operand ('bool', 'int64' or 'float32'), None otherwise."""
+    t = type(v)
+    kind = _SCALAR_KIND.get(t)
+    if kind is None and isinstance(v, _SCALAR_TYPES):
+        kind = _SCALAR_KIND[t] = _scalar_dtype(v)
+    return kind
 
 
 def spec_of(v) -> Spec:
-    if is_scalar(v):
-        return Spec((), _scalar_dtype(v))
+    kind = scalar_kind(v)
+    if kind is not None:
+        return Spec((), kind)
     return Spec(tuple(v.shape), dtype_name(v.dtype))
 
 
@@ -80,6 +115,17 @@ def _scalar_dtype(v) -> str:
 
 
 _WIDEN = {"int16": "int32", "uint16": "int32", "uint32": "int64"}
+_PROMOTE: dict = {}  # tuple of array dtype names -> their promoted name
+
+
+def _promote(arrays: tuple) -> str:
+    dt = _PROMOTE.get(arrays)
+    if dt is None:
+        dt = np.result_type(*arrays).name
+        dt = _WIDEN.get(dt, dt)  # int8 with uint8 is int16 in NumPy, which we do not support
+        if len(_PROMOTE) < 4096:
+            _PROMOTE[arrays] = dt
+    return dt
 
 
 def result_dtype(*args) -> str:
@@ -88,15 +134,25 @@ def result_dtype(*args) -> str:
     An integer or bool array meeting a float scalar gives float32 (the framework default,
     as in MXNet), not NumPy's float64.
     """
-    arrays = [spec_of(a).dtype for a in args if not is_scalar(a)]
-    scalars = [a for a in args if is_scalar(a)]
+    arrays = []
+    kinds = []
+    for a in args:
+        kind = scalar_kind(a)
+        if kind is None:
+            arrays.append(spec_of(a).dtype)
+        else:
+            kinds.append(kind)
     if not arrays:  # weak types alone: the widest kind, at its default width
-        kinds = {_scalar_dtype(s) for s in scalars}
         return next(k for k in (DEFAULT_FLOAT, "int64", "bool") if k in kinds)
-    dt = np.result_type(*arrays).name if len(arrays) > 1 else arrays[0]
-    dt = _WIDEN.get(dt, dt)  # int8 with uint8 is int16 in NumPy, which we do not support
-    for s in scalars:
-        kind = _scalar_dtype(s)
+    dt = arrays[0]
+    if len(arrays) > 1:
+        for other in arrays:
+            if other != dt:
+                dt = _promote(tuple(arrays))
+                break
+        else:
+            dt = _WIDEN.get(dt, dt)
+    for kind in kinds:
         if kind == DEFAULT_FLOAT and dt not in FLOAT_DTYPES:
             dt = DEFAULT_FLOAT
         elif kind == "int64" and dt == "bool":
@@ -105,6 +161,19 @@ def result_dtype(*args) -> str:
 
 
 def broadcast_shapes(*shapes, op: str = "op") -> tuple:
+    first = ()
+    for other in shapes:  # the common cases without NumPy: equal shapes, or scalars
+        if other != first and other != ():
+            if first != ():
+                break
+            first = other
+    else:
+        first = tuple(first)
+        for n in first:
+            if type(n) is not int or n < 0:
+                break  # let NumPy convert or refuse it
+        else:
+            return first
     try:
         return tuple(np.broadcast_shapes(*shapes))
     except ValueError:
@@ -192,9 +261,81 @@ def infer_types(name: str, args, attrs: dict) -> tuple:
     """The output Specs of applying op ``name`` to ``args`` (arrays, Specs or scalars)."""
     op = get_op(name)
     op.check_attrs(attrs)
-    specs = [a if isinstance(a, Spec) else (a if is_scalar(a) else spec_of(a)) for a in args]
+    specs = [a if isinstance(a, Spec) or is_scalar(a) else spec_of(a) for a in args]
     out = op.infer(*specs, **attrs)
     return out if isinstance(out, tuple) and not isinstance(out, Spec) else (out,)
+
+
+# ------------------------------------------------------------ a cache of inferred types
+class _Unhashable(Exception):
+    pass
+
+
+_PLAIN = frozenset((int, float, bool, complex, str, bytes, type(None), type, np.dtype))
+
+
+def _value_key(v):
+    """A hashable key for one attribute value that tells 1, 1.0 and True apart (they are equal
+    in Python but may infer differently); raises _Unhashable for anything else."""
+    t = type(v)
+    if t is str or v is None:
+        return v
+    if t is int or t is float or t is bool:
+        return (t, v)
+    if t is tuple or t is list:
+        for e in v:
+            if type(e) is not int:
+                return (t,) + tuple(_value_key(e) for e in v)
+        return (t,) + tuple(v)  # ints (a shape, axes): no element of a typed key is an int
+    if t in _PLAIN or isinstance(v, (np.number, np.bool_, np.dtype, type)):
+        return (t, v)
+    raise _Unhashable  # arrays, user objects: their equality is not a plain value compare
+
+
+def attrs_key(attrs: dict):
+    """A hashable key for an op's attributes, or None when one is not a plain value (then the
+    caller does not cache). Values are typed: ``{"axis": 1}`` and ``{"axis": True}`` differ."""
+    if not attrs:
+        return ()
+    parts = []
+    try:
+        for k, v in attrs.items():
+            parts.append(k)
+            parts.append(_value_key(v))
+    except _Unhashable:
+        return None
+    return tuple(parts)
+
+
+class InferCache:
+    """A bounded LRU map from an inference key (op name, argument types, attrs key) to what
+    the eager front end derives from ``infer_types``. Only successes are stored, so a hit
+    means the same call was accepted before; errors are raised afresh on every call."""
+
+    def __init__(self, maxsize: int = 4096):
+        self.maxsize = maxsize
+        self._map: collections.OrderedDict = collections.OrderedDict()
+
+    def get(self, key):
+        entry = self._map.get(key)
+        if entry is not None:
+            try:
+                self._map.move_to_end(key)
+            except KeyError:  # evicted meanwhile by another front-end thread
+                pass
+        return entry
+
+    def put(self, key, entry):
+        m = self._map
+        m[key] = entry
+        if len(m) > self.maxsize:
+            m.popitem(last=False)
+
+    def clear(self):
+        self._map.clear()
+
+    def __len__(self):
+        return len(self._map)
 
 
 class OpNamespace:
