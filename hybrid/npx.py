@@ -14,13 +14,22 @@ def softmax(data, axis=-1, temperature=None): return _c.softmax(F, data, axis, t
 def log_softmax(data, axis=-1): return _c.log_softmax(F, data, axis)
 
 
+_ACTIVATIONS = {
+    "relu": lambda x: apply("relu", (x,), {}),
+    "sigmoid": lambda x: apply("sigmoid", (x,), {}),
+    "tanh": lambda x: apply("tanh", (x,), {}),
+    "softrelu": lambda x: _c.softrelu(F, x),
+    "softsign": lambda x: x / (abs(x) + 1),
+    "gelu": lambda x: _c.gelu(F, x),
+}
+
+
 def activation(data, act_type="relu"):
-    acts = {"relu": relu, "sigmoid": sigmoid, "tanh": lambda x: apply("tanh", (x,), {}),
-            "softrelu": lambda x: _c.softrelu(F, x), "softsign": lambda x: x / (abs(x) + 1),
-            "gelu": lambda x: _c.gelu(F, x)}
-    if act_type not in acts:
-        raise ValueError(f"activation: act_type must be one of {sorted(acts)}, got {act_type!r}")
-    return acts[act_type](data)
+    act = _ACTIVATIONS.get(act_type)
+    if act is None:
+        raise ValueError(f"activation: act_type must be one of {sorted(_ACTIVATIONS)}, got "
+                         f"{act_type!r}")
+    return act(data)
 
 
 def convolution(data, weight, bias=None, kernel=None, stride=(1, 1), dilate=(1, 1), pad=(0, 0),

@@ -441,15 +441,17 @@ class HybridBlock(Block):
         self._cached = None
 
     def __call__(self, *args, **kwargs):
-        for hook in list(self._forward_pre_hooks.values()):
-            hook(self, args)
+        if self._forward_pre_hooks:
+            for hook in list(self._forward_pre_hooks.values()):
+                hook(self, args)
         if self._active and not _state.tracing():
             from .. import tracing  # noqa: PLC0415 - the tracer imports blocks
             out = tracing.call_cached(self, args, kwargs)
         else:
             out = self.forward(*args, **kwargs)
-        for hook in list(self._forward_hooks.values()):
-            hook(self, args, out)
+        if self._forward_hooks:
+            for hook in list(self._forward_hooks.values()):
+                hook(self, args, out)
         return out
 
     def forward(self, *args, **kwargs):
