@@ -31,6 +31,7 @@ from pathlib import Path
 from . import config
 
 FORMAT = "hybrid-llvm-object/1"
+OPT_PIPELINE = "O3+vectorize,no-unroll,no-interleave"  # part of the cache key
 _lock = threading.RLock()
 _target: dict = {}
 _loaded: dict = {}  # cache digest -> NativeModule (one MCJIT engine per distinct object)
@@ -88,7 +89,7 @@ def key_record(ir_text, extra: dict | None = None, source_key: str | None = None
     from a source it can name (a kernel Program's hash), that ``source_key``, so a warm
     start does not have to generate the IR at all."""
     info = target_info()
-    rec = {"format": FORMAT}
+    rec = {"format": FORMAT, "opt": OPT_PIPELINE}
     if source_key is not None:
         rec["source_key"] = source_key
     else:
@@ -189,8 +190,10 @@ def _compile(ir_text: str, name: str, dump):
     pto = llvm.create_pipeline_tuning_options(speed_level=3)
     pto.loop_vectorization = True
     pto.slp_vectorization = True
-    pto.loop_unrolling = True
-    pto.loop_interleaving = True
+    # unrolling and interleaving cost ~5x compile time (ResNet-18: 7.7 s -> 1.3 s) for a
+    # few percent at run time; vectorization stays on
+    pto.loop_unrolling = False
+    pto.loop_interleaving = False
     pb = llvm.create_pass_builder(tm, pto)
     pb.getModulePassManager().run(mod, pb)
     times["optimize"] = time.perf_counter() - t
