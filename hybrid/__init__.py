@@ -20,4 +20,6 @@ from . import deploy
 from .deploy import load
 from . import nn, init, loss, data
 from .trainer import Trainer
+from . import kv, parallel
+from .parallel import split_and_load, split_batch
 from .checkpoint import save, load_arrays

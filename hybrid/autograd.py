@@ -173,9 +173,12 @@ def backward(heads, head_grads=None, retain_graph: bool = False, train_mode: boo
             outs = [grads.pop((id(node), i), (None, None))[1] for i in range(len(node.outputs))]
             if all(g is None for g in outs):
                 continue
-            outs = [g if g is not None else F.full(shape=o.shape, value=0.0, dtype=o._dtype)
-                    for g, o in zip(outs, node.outputs)]
-            in_grads = _node_grads(node, outs)
+            # a gradient rule's constants (zeros, arange, ...) go on the op's own device, so
+            # backward works for ops on cpu(1), gpu(0), ... (data parallelism)
+            with node.outputs[0].device:
+                outs = [g if g is not None else F.full(shape=o.shape, value=0.0, dtype=o._dtype)
+                        for g, o in zip(outs, node.outputs)]
+                in_grads = _node_grads(node, outs)
             for value, parent, leaf, g in zip(node.values, node.parents, node.leaves, in_grads):
                 if g is None or not isinstance(value, NDArray):
                     continue

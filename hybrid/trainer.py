@@ -7,12 +7,22 @@
     trainer.step(batch_size)        # grads are rescaled by 1 / batch_size
 
 A parameter with copies on several devices (``net.initialize(device=[cpu(0), cpu(1)])``)
-has its gradients summed across devices first (``allreduce_grads``: the sum is copied to
-every device with ``copyto``), then every copy gets the same update (``update``), so the
-copies stay identical.
+has its gradients summed across devices first (``allreduce_grads``, through the key-value
+store: ``kvstore='device'`` sums on the devices with a ring allreduce, ``'local'`` on cpu(0)),
+then every copy gets the same update (``update``), so the copies stay identical.
+
+Across processes (``hybrid launch -n N script.py``): ``kvstore='dist_sync'`` sums the
+gradients of every worker each step (the first step broadcasts rank 0's weights, so all
+workers start equal; create the Trainer after ``net.initialize()`` and a first forward pass
+for deferred shapes, or the first step's gradients come from each worker's own initial
+weights); ``step(batch_size)`` takes each worker's own batch size and the sum is
+divided by the number of workers, so N workers with batch b train like one process with
+batch N * b. ``kvstore='dist_async'`` updates on a parameter server (``update_on_kvstore``):
+each step pushes this worker's gradients and pulls the current weights, with no barrier.
 """
 from __future__ import annotations
 
+from . import kv as _kv
 from . import optimizer as _opt
 from .checkpoint import read_safetensors, write_safetensors
 from .ndarray import NDArray, array
@@ -29,7 +39,10 @@ class Trainer:
     """params: a dict (``net.collect_params()``) or list of Parameters; optimizer: a name
     ('sgd', 'nag', 'adam', 'adamw', 'rmsprop', 'adagrad') or an Optimizer;
     optimizer_params: its arguments (learning_rate, wd, momentum, clip_gradient,
-    lr_scheduler, ...). kvstore: 'device' or 'local' (gradients are summed in process)."""
+    lr_scheduler, ...). kvstore: 'device' (default), 'local', 'dist_sync', 'dist_async',
+    any name ``hb.kv.registered()`` lists, an ``hb.kv.KVStore``, or None (multi-device
+    gradients are then summed in process without a store). update_on_kvstore: run the
+    optimizer on the store (default: only for dist_async, which needs it)."""
 
     def __init__(self, params, optimizer, optimizer_params=None, kvstore="device",
                  compression_params=None, update_on_kvstore=None):
@@ -52,12 +65,21 @@ class Trainer:
             self._names.append(name or p.full_name)
         if len(set(self._names)) != len(self._names):
             self._names = [f"{i}.{n}" for i, n in enumerate(self._names)]
-        if kvstore not in (None, "device", "local") and not isinstance(kvstore, str):
-            kvstore = "device"
-        if isinstance(kvstore, str) and kvstore.startswith("dist"):
-            raise ValueError(f"Trainer: kvstore={kvstore!r} is not supported; use 'device' "
-                             "(gradients of multi-device parameters are summed in process)")
+        # keys on the kvstore: the same on every worker (structured names, or position)
+        self._kv_keys = list(self._names) if isinstance(params, dict) else \
+            [f"{i}.{p.name}" for i, p in enumerate(self._params)]
+        if isinstance(kvstore, str):
+            if kvstore.lower() not in _kv.registered():
+                raise ValueError(f"Trainer: unknown kvstore {kvstore!r}; known: "
+                                 f"{', '.join(_kv.registered())} (or None)")
+        elif kvstore is not None and not isinstance(kvstore, _kv.KVStore):
+            raise TypeError(f"Trainer: kvstore must be a store name, an hb.kv.KVStore or None, "
+                            f"got {type(kvstore).__name__}")
         self._kvstore = kvstore
+        self._kv = None            # the store, made at the first step (parameters are known)
+        self._kv_ready = False
+        self._update_on_kvstore = update_on_kvstore
+        self._workers = 1          # gradients are summed over this many workers
         if compression_params:
             raise ValueError("Trainer: gradient compression is not supported")
         param_dict = dict(enumerate(self._params))
@@ -73,6 +95,12 @@ class Trainer:
         self._scale = self._optimizer.rescale_grad
         self._states: dict = {}
         self._fresh = None
+        dist = isinstance(kvstore, str) and kvstore.lower().startswith("dist") or \
+            isinstance(kvstore, _kv.KVStore) and kvstore.num_workers > 1
+        if dist and all(p._data is not None for p in self._params if p.grad_req != "null"):
+            # now, not at the first step: the first gradients must already be computed
+            # from rank 0's weights on every worker
+            self._init_kvstore()
 
     # ------------------------------------------------------------ properties
     @property
@@ -87,11 +115,83 @@ class Trainer:
         self._optimizer.set_learning_rate(lr)
 
     # ------------------------------------------------------------ steps
+    @property
+    def kvstore(self):
+        """The key-value store (None before the first step or when none is needed)."""
+        return self._kv
+
+    def _init_kvstore(self):
+        """Make the store at the first step: init every trainable parameter on it (for dist
+        stores rank 0's values, pulled into every copy so all workers start equal)."""
+        if self._kv_ready:
+            return
+        params = list(self._trainable())
+        spec = self._kvstore
+        multi = any(len(p._data) > 1 for _, p in params)
+        kv = None
+        if isinstance(spec, _kv.KVStore):
+            kv = spec
+        elif isinstance(spec, str) and (multi or spec.lower() not in ("local", "device")):
+            kv = _kv.create(spec)
+        uok = self._update_on_kvstore
+        if kv is not None and kv.type == "dist_async":
+            if uok is False:
+                raise ValueError("Trainer: kvstore='dist_async' updates on the store; "
+                                 "update_on_kvstore=False is not possible with it")
+            uok = True
+        uok = bool(uok) and kv is not None
+        if kv is not None:
+            keys = [self._kv_keys[i] for i, _ in params]
+            kv.init(keys, [p._data[0] for _, p in params])
+            kv.pull(keys, out=[list(p._data) for _, p in params])
+            if uok:
+                kv.set_optimizer(self._optimizer,
+                                 key_index={k: i for i, k in enumerate(self._kv_keys)})
+            # synchronous stores sum over the workers: divide, so step(b) on N workers trains
+            # like step(N * b) in one process
+            self._workers = kv.num_workers if kv.type != "dist_async" else 1
+        self._kv = kv
+        self._uok = uok
+        self._kv_ready = True
+
+    def _grad_lists(self):
+        """(keys, grads per key): the last parameters first, as backward computes them."""
+        items = list(self._trainable())[::-1]
+        return ([self._kv_keys[i] for i, _ in items], [[a.grad for a in p._data] for _, p in items],
+                items)
+
     def step(self, batch_size, ignore_stale_grad: bool = False):
         """allreduce_grads() then update(batch_size): one optimizer step with gradients
-        rescaled by 1 / batch_size."""
+        rescaled by 1 / batch_size (and by 1 / num_workers for synchronous dist stores).
+        With update_on_kvstore: push the gradients, pull the updated weights."""
+        self._init_kvstore()
+        if self._uok:
+            self._step_on_kvstore(batch_size, ignore_stale_grad)
+            return
         self.allreduce_grads()
         self.update(batch_size, ignore_stale_grad)
+
+    def _step_on_kvstore(self, batch_size, ignore_stale_grad):
+        fresh = self._freshness()
+        for i, p in self._trainable():
+            flags = fresh.get(i, [True] * len(p._data))
+            if not all(flags) and not ignore_stale_grad:
+                self._stale_error(i, p, flags)
+        self._optimizer.rescale_grad = self._scale / (batch_size * self._workers)
+        keys, grads, items = self._grad_lists()
+        self._kv.push(keys, grads)
+        self._kv.pull(keys, out=[list(p._data) for _, p in items])
+        for _, p in items:
+            p._stale = {a.device: a.grad._buf for a in p._data}
+
+    def _stale_error(self, i, p, flags):
+        dev = p._data[flags.index(False)].device
+        raise StaleGradientError(
+            f"the gradient of Parameter '{self._names[i]}' on {dev} has not been "
+            "written by backward since the last update: the parameter is not used in "
+            "the forward pass, or backward was not called. Call "
+            "step(batch_size, ignore_stale_grad=True) to skip such parameters, or set "
+            "their grad_req='null'")
 
     def _trainable(self):
         for i, p in enumerate(self._params):
@@ -108,9 +208,17 @@ class Trainer:
                 for i, p in self._trainable()}
 
     def allreduce_grads(self):
-        """Sum each parameter's gradients over its devices and copy the sum to every
-        device (a no-op for single-device parameters)."""
+        """Sum each parameter's gradients over its devices (and workers, for dist stores)
+        and give every copy the sum (a no-op for single-device parameters in one process)."""
+        self._init_kvstore()
+        if self._uok:
+            raise RuntimeError("Trainer: allreduce_grads() is not possible when parameters "
+                               "are updated on the kvstore (update_on_kvstore); call step()")
         self._fresh = self._freshness()
+        if self._kv is not None:
+            keys, grads, _ = self._grad_lists()
+            self._kv.pushpull(keys, grads, out=grads)
+            return
         with eager_scope():
             for _, p in self._trainable():
                 if len(p._data) < 2:
@@ -125,22 +233,20 @@ class Trainer:
 
     def update(self, batch_size, ignore_stale_grad: bool = False):
         """Apply the optimizer to every parameter (call after allreduce_grads)."""
+        self._init_kvstore()
+        if self._uok:
+            raise RuntimeError("Trainer: update() is not possible when parameters are updated "
+                               "on the kvstore (update_on_kvstore); call step()")
         fresh = self._fresh if self._fresh is not None else self._freshness()
         self._fresh = None
-        self._optimizer.rescale_grad = self._scale / batch_size
+        self._optimizer.rescale_grad = self._scale / (batch_size * self._workers)
         todo = []
         for i, p in self._trainable():
             flags = fresh.get(i, [True] * len(p._data))
             if not all(flags):
                 if ignore_stale_grad:
                     continue
-                dev = p._data[flags.index(False)].device
-                raise StaleGradientError(
-                    f"the gradient of Parameter '{self._names[i]}' on {dev} has not been "
-                    "written by backward since the last update: the parameter is not used in "
-                    "the forward pass, or backward was not called. Call "
-                    "step(batch_size, ignore_stale_grad=True) to skip such parameters, or set "
-                    "their grad_req='null'")
+                self._stale_error(i, p, flags)
             todo.append((i, p))
         with eager_scope():
             for i, p in todo:

@@ -94,6 +94,13 @@ FLAGS = {f.name: f for f in [
          "Write generated code (LLVM IR, assembly, CUDA C) of each executable here."),
     Flag("HYBRID_SMOKE", _bool, False,
          "Examples and benchmarks shrink their sizes (used by CI)."),
+    Flag("HYBRID_DIST_TIMEOUT", _seconds, 300.0,
+         "Seconds a distributed key-value store or collective waits for the other workers "
+         "(a rank that died, hung, left early or runs fewer batches) before it raises, "
+         "naming the rank, the key and the step."),
+    Flag("HYBRID_DIST_BUCKET_MB", _seconds, 25.0,
+         "Size in MiB of the flat buffers that dist_sync packs gradients into: one "
+         "allreduce per bucket, started as soon as its gradients are computed."),
 ]}
 
 _values: dict[str, Any] = {}

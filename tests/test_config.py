@@ -20,6 +20,8 @@ GOOD = {  # flag -> (environment text, parsed value)
     "HYBRID_PRINT_AFTER": ("all", frozenset({"all"})),
     "HYBRID_DUMP_DIR": ("/tmp/hb-dump", "/tmp/hb-dump"),
     "HYBRID_SMOKE": ("1", True),
+    "HYBRID_DIST_TIMEOUT": ("4", 4.0),
+    "HYBRID_DIST_BUCKET_MB": ("0.5", 0.5),
 }
 BAD = {  # flag -> values that must be refused
     "HYBRID_ENGINE": ["eager", "1"],
@@ -29,6 +31,8 @@ BAD = {  # flag -> values that must be refused
     "HYBRID_INLINE": ["maybe", "2"],
     "HYBRID_CHECK": ["enabled"],
     "HYBRID_SMOKE": ["tiny"],
+    "HYBRID_DIST_TIMEOUT": ["soon", "0", "inf"],
+    "HYBRID_DIST_BUCKET_MB": ["big", "-1"],
 }
 
 

@@ -1,0 +1,135 @@
+"""Across processes over MPI, launched on this machine with ``python -m hybrid.launch``
+(what ``hybrid launch`` runs): allreduce and push/pull exact on 2 and 4 processes, 50 steps
+of data-parallel training equal to one process on the combined batch, dist_async
+convergence, and clear reports on the survivors when a rank dies or has fewer batches.
+
+Skipped, with the reason, when mpi4py or an MPI launcher is missing (pip install
+'hybrid[dist]'). The workers' code is tests/_dist_worker.py.
+"""
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from hybrid import launch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKER = os.path.join(ROOT, "tests", "_dist_worker.py")
+
+
+def _mpi_missing():
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return "mpi4py is not installed (pip install 'hybrid[dist]')"
+    try:
+        launch.find_mpirun()
+    except launch.LaunchError as exc:
+        return str(exc)
+    return None
+
+
+MISSING = _mpi_missing()
+needs_mpi = pytest.mark.skipif(MISSING is not None, reason=f"no MPI: {MISSING}")
+
+
+def run_job(n, *scenarios, timeout=20.0, limit=80):
+    env = dict(os.environ)
+    env.pop("HYBRID_WAIT_TIMEOUT", None)
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    cmd = [sys.executable, "-m", "hybrid.launch", "-n", str(n), "--timeout", str(timeout),
+           WORKER, *scenarios]
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=limit)
+    return proc.returncode, proc.stdout + proc.stderr, time.monotonic() - t0
+
+
+def _assert_ok(rc, out, n, *what):
+    assert rc == 0, out[-4000:]
+    for w in what:
+        for r in range(n):
+            assert f"RANK {r} OK {w}" in out, out[-4000:]
+
+
+# ------------------------------------------------------------------ launcher (no job)
+def test_launch_arguments(capsys, tmp_path):
+    assert launch.launch_main(["-n", "2", str(tmp_path / "missing.py")]) == 2
+    assert "no such script" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        launch.launch_main(["script.py"])  # -n is required
+
+
+@needs_mpi
+def test_launch_dry_run_command(capsys, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    rc = launch.launch_main(["-n", "3", "--hosts", "a:2,b:1", "--timeout", "7", "-x", "FOO=1",
+                             "--dry-run", str(script), "--epochs", "2"])
+    assert rc == 0
+    cmd = capsys.readouterr().out
+    assert " -n 3 " in cmd and "a:2,b:1" in cmd and "FOO" in cmd and "HYBRID_DIST_TIMEOUT" in cmd
+    assert cmd.rstrip().endswith(f"-m hybrid.launch --worker {script} --epochs 2")
+
+
+# ------------------------------------------------------------------ jobs
+@pytest.fixture(scope="module")
+def two_process_job():
+    if MISSING:
+        pytest.skip(f"no MPI: {MISSING}")
+    return run_job(2, "exact", "train", "async")
+
+
+@needs_mpi
+def test_allreduce_and_push_pull_exact_on_2_processes(two_process_job):
+    rc, out, _ = two_process_job
+    _assert_ok(rc, out, 2, "dist_sync", "dist_async")
+
+
+@needs_mpi
+def test_data_parallel_training_on_2_processes_equals_one_process(two_process_job):
+    rc, out, _ = two_process_job
+    _assert_ok(rc, out, 2, "train")
+    diffs = [float(line.split("maxdiff=")[1].split()[0]) for line in out.splitlines()
+             if line.startswith("TRAIN maxdiff=")]
+    assert len(diffs) == 2 and max(diffs) < 1e-9, out[-3000:]
+
+
+@needs_mpi
+def test_dist_async_converges(two_process_job):
+    rc, out, _ = two_process_job
+    _assert_ok(rc, out, 2, "async")
+
+
+@needs_mpi
+def test_allreduce_and_push_pull_exact_on_4_processes():
+    rc, out, _ = run_job(4, "exact")
+    _assert_ok(rc, out, 4, "dist_sync", "dist_async")
+
+
+@needs_mpi
+def test_a_killed_rank_is_reported_by_the_survivor_within_the_timeout():
+    """Rank 1 is killed (SIGKILL) after step 5: rank 0 reports it on a dist_sync store and
+    on a dist_async store (whose server for 'bias' was rank 1), 4 s later each."""
+    rc, out, elapsed = run_job(2, "killed", timeout=4)
+    assert rc != 0, out[-3000:]
+    assert "rank 0 finished step 5" in out, out[-3000:]
+    assert "SURVIVOR dist_sync: rank 0: pushpull of 'bias', 'weight' at step 6: no word " \
+           "from rank(s) 1 within 4s" in out, out[-3000:]
+    # the parameter server on rank 1 serves 'bias' (keys are sharded round-robin)
+    assert "SURVIVOR dist_async: rank 0: pull of key 'bias' at step 6: server rank 1 did " \
+           "not answer within 4s" in out, out[-3000:]
+    assert "rank 0 finished step 6" not in out
+    assert elapsed < 60, elapsed
+
+
+@needs_mpi
+def test_a_rank_with_fewer_batches_is_reported_at_once():
+    rc, out, elapsed = run_job(2, "fewer", timeout=60)
+    assert rc != 0, out[-3000:]
+    assert "rank 1 ran out of batches" in out
+    assert "DistributedError: rank 0: pushpull of 'bias', 'weight' at step 6: rank 1 has " \
+           "left (it closed its store after its step 5)" in out, out[-3000:]
+    assert elapsed < 50, elapsed  # the report does not wait for the 60 s timeout
