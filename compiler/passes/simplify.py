@@ -215,8 +215,9 @@ def simplify(graph: Graph):
                 g.replace_uses(n, new)
                 changed = True
         removed = g.remove_dead()
-        if removed:
+        if removed:  # fewer users can enable rules that need a single user
             hits["dead code"] = hits.get("dead code", 0) + removed
+            changed = True
     before, after = len(graph.op_nodes()), len(g.op_nodes())
     return g, {"hits": hits, "summary": f"{before} -> {after} op nodes, rules "
                + (", ".join(f"{k}x{v}" for k, v in sorted(hits.items())) or "none")}
