@@ -32,7 +32,30 @@ class IdxFormatError(ValueError):
 
 
 # ====================================================================== Digits
-class Digits(Dataset):
+class _ImageArrays(Dataset):
+    """Images and labels held as NumPy arrays (``_data``, ``_label``), an optional transform."""
+
+    _transform = None
+
+    def __getitem__(self, idx):
+        if self._transform is not None:
+            return self._transform(self._data[idx], self._label[idx])
+        return self._data[idx], self._label[idx]
+
+    def __len__(self):
+        return len(self._label)
+
+    @property
+    def data(self) -> np.ndarray:
+        """All images as one array, (N, 1, H, W) float32."""
+        return self._data
+
+    @property
+    def label(self) -> np.ndarray:
+        return self._label
+
+
+class Digits(_ImageArrays):
     """The embedded 8x8 handwritten digits: 1797 images of 10 classes.
 
     Samples are (image float32 of shape (1, size, size) scaled to [0, 1], label int32).
@@ -60,22 +83,6 @@ class Digits(Dataset):
         self._transform = transform
         self.train = train
 
-    def __getitem__(self, idx):
-        if self._transform is not None:
-            return self._transform(self._data[idx], self._label[idx])
-        return self._data[idx], self._label[idx]
-
-    def __len__(self):
-        return len(self._label)
-
-    @property
-    def data(self) -> np.ndarray:
-        """All images, (N, 1, size, size) float32."""
-        return self._data
-
-    @property
-    def label(self) -> np.ndarray:
-        return self._label
 
 
 def _stratified_test_mask(labels, every: int) -> np.ndarray:
@@ -129,7 +136,7 @@ def read_idx(path, expect_ndim: int | None = None) -> np.ndarray:
     return data.astype(dtype.newbyteorder("="), copy=True)
 
 
-class MNIST(Dataset):
+class MNIST(_ImageArrays):
     """MNIST from idx files in ``root``; samples are (image uint8 (28, 28, 1), label int32),
     as Gluon's. Use ``transform_first(transforms.ToTensor())`` for float (1, 28, 28)."""
 
@@ -185,21 +192,6 @@ class MNIST(Dataset):
             f"{self._base_urls[0]} on a machine with network access and copy them into "
             f"{self._root} (or pass root= to where they are); plain or .gz files both work.")
 
-    def __getitem__(self, idx):
-        if self._transform is not None:
-            return self._transform(self._data[idx], self._label[idx])
-        return self._data[idx], self._label[idx]
-
-    def __len__(self):
-        return len(self._label)
-
-    @property
-    def data(self) -> np.ndarray:
-        return self._data
-
-    @property
-    def label(self) -> np.ndarray:
-        return self._label
 
 
 class FashionMNIST(MNIST):
