@@ -216,7 +216,8 @@ class KVStore:
         return None if self._optimizer is None else self._optimizer.rescale_grad
 
     def set_gradient_compression(self, compression_params):
-        raise NotImplementedError("gradient compression is not supported")
+        raise ValueError("gradient compression is not supported by hybrid's key-value stores; "
+                         "push full-precision gradients")
 
     def barrier(self):
         """Wait for every worker (dist_async: after this worker's pushes are applied)."""

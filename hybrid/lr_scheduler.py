@@ -37,7 +37,7 @@ class LRScheduler:
         return self.warmup_begin_lr + (self.base_lr - self.warmup_begin_lr) * frac
 
     def __call__(self, num_update: int) -> float:
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must implement __call__(num_update)")
 
     def __repr__(self):
         keys = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_"))

@@ -115,7 +115,8 @@ class Optimizer:
             self._update_one(index, w, g, s, lr, wd, t)
 
     def _update_one(self, index, weight, grad, state, lr, wd, t):
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must implement _update_one(): "
+                                  "the update rule of one parameter")
 
     def hyper(self) -> dict:
         out = {"lr": self.lr, "wd": self.wd, "rescale_grad": self.rescale_grad,

@@ -135,13 +135,13 @@ class KVStore:
 
     # ------------------------------------------------------------ operations
     def init(self, keys, values):
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must implement init(keys, values)")
 
     def push(self, keys, values, rescale=None):
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must implement push(keys, values, rescale)")
 
     def pull(self, keys, devices) -> list:
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must implement pull(keys, devices)")
 
     def pushpull(self, keys, values, devices, rescale=None) -> list:
         self.push(keys, values, rescale)

@@ -13,6 +13,7 @@ import struct
 
 from llvmlite import ir
 
+from .kernel import KernelIRError
 from .scalar import FLOATS, SIGNED, UNSIGNED, ScalarBuilder
 
 F16, F32, F64 = ir.HalfType(), ir.FloatType(), ir.DoubleType()
@@ -181,7 +182,7 @@ class LLVMScalarBuilder(ScalarBuilder):
                 return b.select(b.icmp_unsigned("!=", v, zero), one, zero)
             neg = b.select(b.icmp_signed("<", v, zero), int_const(ty, -1), zero)
             return b.select(b.icmp_signed(">", v, zero), one, neg)
-        raise NotImplementedError(f"{name} on {dt}")
+        raise KernelIRError(f"the LLVM backend has no {name} for {dt}")
 
     def _float_math(self, name, v, dt):
         b = self.b
@@ -215,7 +216,7 @@ class LLVMScalarBuilder(ScalarBuilder):
                 return b.call(self.intr.binary("pow", x.type), [x, y])
             if name in ("floordiv", "mod"):
                 return self._float_divmod(name, x, y)
-            raise NotImplementedError(f"{name} on {dt}")
+            raise KernelIRError(f"the LLVM backend has no {name} for {dt}")
         signed = dt in SIGNED
         if name == "add":
             return b.add(x, y)
@@ -232,7 +233,7 @@ class LLVMScalarBuilder(ScalarBuilder):
             return self._int_divmod(name, x, y, signed)
         if name == "pow":
             return self._int_pow(x, y, signed)
-        raise NotImplementedError(f"{name} on {dt}")
+        raise KernelIRError(f"the LLVM backend has no {name} for {dt}")
 
     def _float_divmod(self, name, a, bb):
         """NumPy's npy_divmod / npy_floor_divide / npy_remainder for floats."""

@@ -35,10 +35,10 @@ class Sampler:
     """Yields sample indices."""
 
     def __iter__(self):
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must implement __iter__ (the indices)")
 
     def __len__(self):
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must implement __len__")
 
 
 class SequentialSampler(Sampler):
