@@ -88,47 +88,51 @@ class MultiFactorScheduler(LRScheduler):
         return self.base_lr * self.factor ** k
 
 
-class CosineScheduler(LRScheduler):
+class _DecayScheduler(LRScheduler):
+    """From base_lr down to final_lr over ``max_update`` updates (after warm-up), along
+    ``_shape(fraction done)`` going from 1 to 0."""
+
+    def __init__(self, max_update: int, base_lr: float, final_lr: float, warmup_steps: int,
+                 warmup_begin_lr: float, warmup_mode: str):
+        super().__init__(base_lr, warmup_steps, warmup_begin_lr, warmup_mode)
+        if max_update < 1 or warmup_steps >= max_update:
+            raise ValueError(f"{type(self).__name__}: need max_update ({max_update}) >= 1 and "
+                             f"greater than warmup_steps ({warmup_steps})")
+        self.max_update = int(max_update)
+        self.final_lr = float(final_lr)
+
+    def __call__(self, num_update: int) -> float:
+        if num_update < self.warmup_steps:
+            return self.get_warmup_lr(num_update)
+        if num_update <= self.max_update:
+            frac = (num_update - self.warmup_steps) / (self.max_update - self.warmup_steps)
+            return self.final_lr + (self.base_lr - self.final_lr) * self._shape(frac)
+        return self.final_lr
+
+
+class CosineScheduler(_DecayScheduler):
     """Cosine decay from base_lr to final_lr over ``max_update`` updates (after warm-up)."""
 
     def __init__(self, max_update: int, base_lr: float = 0.01, final_lr: float = 0.0,
                  warmup_steps: int = 0, warmup_begin_lr: float = 0.0,
                  warmup_mode: str = "linear"):
-        super().__init__(base_lr, warmup_steps, warmup_begin_lr, warmup_mode)
-        if max_update < 1 or warmup_steps >= max_update:
-            raise ValueError(f"CosineScheduler: need max_update ({max_update}) >= 1 and "
-                             f"greater than warmup_steps ({warmup_steps})")
-        self.max_update = int(max_update)
-        self.final_lr = float(final_lr)
+        super().__init__(max_update, base_lr, final_lr, warmup_steps, warmup_begin_lr,
+                         warmup_mode)
 
-    def __call__(self, num_update: int) -> float:
-        if num_update < self.warmup_steps:
-            return self.get_warmup_lr(num_update)
-        if num_update <= self.max_update:
-            frac = (num_update - self.warmup_steps) / (self.max_update - self.warmup_steps)
-            return self.final_lr + (self.base_lr - self.final_lr) * \
-                (1 + math.cos(math.pi * frac)) / 2
-        return self.final_lr
+    @staticmethod
+    def _shape(frac):
+        return (1 + math.cos(math.pi * frac)) / 2
 
 
-class PolyScheduler(LRScheduler):
+class PolyScheduler(_DecayScheduler):
     """Polynomial decay: final_lr + (base_lr - final_lr) * (1 - t / T) ** pwr."""
 
     def __init__(self, max_update: int, base_lr: float = 0.01, pwr: float = 2,
                  final_lr: float = 0.0, warmup_steps: int = 0, warmup_begin_lr: float = 0.0,
                  warmup_mode: str = "linear"):
-        super().__init__(base_lr, warmup_steps, warmup_begin_lr, warmup_mode)
-        if max_update < 1 or warmup_steps >= max_update:
-            raise ValueError(f"PolyScheduler: need max_update ({max_update}) >= 1 and "
-                             f"greater than warmup_steps ({warmup_steps})")
-        self.max_update = int(max_update)
+        super().__init__(max_update, base_lr, final_lr, warmup_steps, warmup_begin_lr,
+                         warmup_mode)
         self.power = float(pwr)
-        self.final_lr = float(final_lr)
 
-    def __call__(self, num_update: int) -> float:
-        if num_update < self.warmup_steps:
-            return self.get_warmup_lr(num_update)
-        if num_update <= self.max_update:
-            frac = (num_update - self.warmup_steps) / (self.max_update - self.warmup_steps)
-            return self.final_lr + (self.base_lr - self.final_lr) * (1 - frac) ** self.power
-        return self.final_lr
+    def _shape(self, frac):
+        return (1 - frac) ** self.power

@@ -74,6 +74,17 @@ def registered() -> list:
     return sorted(_REGISTRY)
 
 
+def _pull_local(values: dict, keys, devices) -> list:
+    """Copies of the stored values on each requested device (stores that hold values here)."""
+    out = []
+    for k, devs in zip(keys, devices):
+        if k not in values:
+            raise KeyError(f"kvstore.pull: key {k!r} was not initialized; call "
+                           "kv.init(key, value) first")
+        out.append([copy_to(values[k], d) for d in devs])
+    return out
+
+
 class KVStore:
     """The interface. ``keys`` are lists of ints or strings; ``values`` hold, per key, a
     list of tensors (one per device); ``devices`` hold, per key, the devices to pull to."""
@@ -203,13 +214,7 @@ class _InProcessStore(KVStore):
             self._update(k, self._across_workers(k, merged), rescale)
 
     def pull(self, keys, devices) -> list:
-        out = []
-        for k, devs in zip(keys, devices):
-            if k not in self._values:
-                raise KeyError(f"kvstore.pull: key {k!r} was not initialized; call "
-                               "kv.init(key, value) first")
-            out.append([copy_to(self._values[k], d) for d in devs])
-        return out
+        return _pull_local(self._values, keys, devices)
 
     def pushpull(self, keys, values, devices, rescale=None) -> list:
         if self._updater is not None:
@@ -415,13 +420,7 @@ class DistSyncStore(_DistStore):
             self._updater(key, merged, stored, rescale)
 
     def pull(self, keys, devices) -> list:
-        out = []
-        for k, devs in zip(keys, devices):
-            if k not in self._values:
-                raise KeyError(f"kvstore.pull: key {k!r} was not initialized; call "
-                               "kv.init(key, value) first")
-            out.append([copy_to(self._values[k], d) for d in devs])
-        return out
+        return _pull_local(self._values, keys, devices)
 
     def pushpull(self, keys, values, devices, rescale=None) -> list:
         if self._updater is not None:
