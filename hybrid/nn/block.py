@@ -16,6 +16,7 @@ import functools
 import inspect
 import itertools
 import re
+import sys
 import threading
 import warnings
 
@@ -29,6 +30,15 @@ __all__ = ["Block", "HybridBlock", "Sequential", "HybridSequential", "Lambda", "
 
 _counters: dict = collections.defaultdict(itertools.count)
 _counter_lock = threading.Lock()
+
+
+def _tracing():
+    """hybrid.tracing (it imports this module): a dict look-up, cheaper than an import
+    statement on every hybridized call."""
+    mod = sys.modules.get("hybrid.tracing")
+    if mod is None:
+        from .. import tracing as mod  # noqa: PLC0415
+    return mod
 
 
 def _auto_name(block) -> str:
@@ -445,8 +455,7 @@ class HybridBlock(Block):
             for hook in list(self._forward_pre_hooks.values()):
                 hook(self, args)
         if self._active and not _state.tracing():
-            from .. import tracing  # noqa: PLC0415 - the tracer imports blocks
-            out = tracing.call_cached(self, args, kwargs)
+            out = _tracing().call_cached(self, args, kwargs)
         else:
             out = self.forward(*args, **kwargs)
         if self._forward_hooks:
