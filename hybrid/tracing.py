@@ -269,7 +269,8 @@ class Compiled:
     uses_key: bool
     backend: str
     exe: object = None
-    train: object = None  # (TrainingGraphs, fwd exe, bwd exe, wrt input idx, wrt param idx)
+    # needs-grad flags -> (TrainingGraphs, fwd exe, bwd exe, wrt input idx, wrt param idx)
+    train: dict = dataclasses.field(default_factory=dict)
     handles: dict = dataclasses.field(default_factory=dict)  # device -> (data lists, handles)
     direct: bool = False  # one array out, no random key, no state updates: see _direct
     trace_seconds: float = 0.0
@@ -549,24 +550,32 @@ def _run(entry: Compiled, leaves, name):
 _SINGLE = ("a",)
 
 
-def _training(entry, device):
-    if entry.train is None:
+def _training(entry, device, needs):
+    """The forward-for-training and backward executables for the inputs and parameters that
+    need gradients (``needs``: one flag per input then per parameter): a gradient nobody
+    asked for (the batch, a frozen layer) is never computed."""
+    compiled = entry.train.get(needs)
+    if compiled is None:
         from compiler.autodiff import split_joint  # noqa: PLC0415
         from compiler.pipeline import compile as compile_graph  # noqa: PLC0415
         g = entry.graph
-        wrt_in = [i for i, n in enumerate(g.inputs) if g.spec(n).dtype.startswith("float")]
-        wrt_par = [i for i, n in enumerate(g.params) if g.spec(n).dtype.startswith("float")]
+        n_in = len(g.inputs)
+        wrt_in = [i for i, n in enumerate(g.inputs)
+                  if needs[i] and g.spec(n).dtype.startswith("float")]
+        wrt_par = [i for i, n in enumerate(g.params)
+                   if needs[n_in + i] and g.spec(n).dtype.startswith("float")]
         wrt = [g.inputs[i] for i in wrt_in] + [g.params[i] for i in wrt_par]
         tg = split_joint(g, wrt)
         fwd = compile_graph(tg.forward, entry.backend, device)
         bwd = compile_graph(tg.backward, entry.backend, device)
-        entry.train = (tg, fwd, bwd, wrt_in, wrt_par)
-    return entry.train
+        compiled = entry.train[needs] = (tg, fwd, bwd, wrt_in, wrt_par)
+    return compiled
 
 
 def _run_training(entry, inputs, handles, device, name):
     from .autograd import record_custom  # noqa: PLC0415
-    tg, fwd, bwd, wrt_in, wrt_par = _training(entry, device)
+    needs = tuple(_needs_grad(a) for a in inputs) + tuple(_needs_grad(h) for h in handles)
+    tg, fwd, bwd, wrt_in, wrt_par = _training(entry, device, needs)
     outs = _push(fwd, device, [a._buf for a in inputs], [h._buf for h in handles],
                  fwd.out_specs, name)
     g = entry.graph

@@ -105,11 +105,38 @@ def test_lenet_training_step_arena_at_most_half_of_naive(backend="reference"):
     net.hybridize(backend=backend)
     y = hb.array(np.arange(4) % 10, dtype="int32")
     _step(net, x, y)
-    entry = [e for e in net._cached.entries.values() if e.train is not None][0]
-    tg = entry.train[0]
+    entry = [e for e in net._cached.entries.values() if e.train][0]
+    tg = next(iter(entry.train.values()))[0]
     naive = arena = 0
     for g in (tg.forward, tg.backward):
         out, _ = run_passes(g)
         naive += out.meta["memory"]["naive_bytes"]
         arena += out.meta["memory"]["arena_bytes"]
     assert arena <= 0.5 * naive, (arena, naive)
+
+
+def test_gradients_only_for_what_needs_them(backend):
+    """The batch needs no gradient unless attached: the backward then has one output per
+    parameter; with x.attach_grad() it gains x's gradient, equal to eager."""
+    net, x = _build("mlp")
+    y = hb.array(np.arange(4) % 10, dtype="int32")
+    net.hybridize(backend=backend)
+    _step(net, x, y)
+    entry = [e for e in net._cached.entries.values() if e.train][0]
+    (needs, (tg, *_)), = entry.train.items()
+    n_params = len(entry.params)
+    assert needs == (False,) + (True,) * n_params
+    assert len(tg.backward.outputs) == n_params
+    x.attach_grad()
+    with autograd.record():
+        l = loss.SoftmaxCrossEntropyLoss()(net(x), y)
+    l.backward()
+    assert len(entry.train) == 2
+    hybrid_grad = x.grad.asnumpy()
+    eager, _ = _build("mlp")
+    x2 = hb.array(x.asnumpy())
+    x2.attach_grad()
+    with autograd.record():
+        l2 = loss.SoftmaxCrossEntropyLoss()(eager(x2), y)
+    l2.backward()
+    np.testing.assert_allclose(hybrid_grad, x2.grad.asnumpy(), rtol=1e-4, atol=1e-6)
