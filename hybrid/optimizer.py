@@ -1,10 +1,13 @@
 """Optimizers (``hybrid.optimizer``): SGD, NAG, Adam, AdamW, RMSProp, AdaGrad.
 
-Updates follow MXNet's formulas and are written as hybrid array ops, so they run on the
-engine like the rest of a training step; results are assigned in place with
-``weight[:] = new`` (engine-ordered). Every update first takes
-``g = clip(rescale_grad * grad, -clip_gradient, clip_gradient)``; the Trainer sets
-``rescale_grad`` to 1 / batch_size.
+Updates follow MXNet's formulas. Each built-in optimizer writes its rule once, as hybrid
+array ops over one parameter (``_rule(weight, grad, state, c)``, results assigned in place
+with ``weight[:] = new``), and its per-step scalars separately (``_coefs``: learning rate,
+bias corrections...). The same rule runs eagerly (``c`` holds floats) or traced into ONE
+compiled update for all parameters of a device (``c`` holds 0-d graph inputs, so a new
+learning rate or step count never re-compiles): MXNet's ``use_fused_step``. Every update
+first takes ``g = clip(rescale_grad * grad, -clip_gradient, clip_gradient)``; the Trainer
+sets ``rescale_grad`` to 1 / batch_size.
 """
 from __future__ import annotations
 
@@ -36,15 +39,38 @@ def create(name, **kwargs) -> "Optimizer":
     return cls(**kwargs)
 
 
+class Coefs:
+    """The per-step scalars of one parameter's update, by name (``c.lr``): floats when eager,
+    0-d arrays when fused. ``wd_on`` / ``rescale_on`` are plain booleans either way (they
+    decide which ops the rule applies, so they are part of a fused update's cache key)."""
+
+    __slots__ = ("values", "wd_on", "rescale_on")
+
+    def __init__(self, values: dict, wd_on: bool, rescale_on: bool):
+        self.values = values
+        self.wd_on = wd_on
+        self.rescale_on = rescale_on
+
+    def __getattr__(self, name):
+        try:
+            return self.values[name]
+        except KeyError:
+            raise AttributeError(f"no update coefficient {name!r}") from None
+
+
 class Optimizer:
-    """Base class. Subclasses define ``create_state(index, weight)`` and
-    ``_update_one(index, weight, grad, state, lr, wd)`` written with array ops.
+    """Base class. Subclasses define ``create_state(index, weight)`` and either
+    ``_rule(weight, grad, state, c)`` with ``_coefs(lr, wd, t)`` (fusable: see the module
+    docstring) or, simplest, ``_update_one(index, weight, grad, state, lr, wd, t)`` written
+    with array ops (always eager).
 
     learning_rate, lr_scheduler (called with the update count), wd (L2 weight decay),
     clip_gradient, rescale_grad; per-parameter lr_mult / wd_mult come from the Parameters.
+    use_fused_step: None or True (default: fused when the rule allows), False (eager).
     """
 
     _HYPER = ()  # names of float hyper-parameters saved with the trainer's states
+    _STATIC = ()  # attributes a fused update bakes in (besides _HYPER)
     _DEFAULT_LR = 0.01
 
     def __init__(self, learning_rate=None, lr_scheduler=None, wd: float = 0.0,
@@ -68,6 +94,7 @@ class Optimizer:
         self._index_update_count: dict = {}
         self.multi_precision = multi_precision
         self.param_dict = param_dict or {}
+        self.use_fused_step = use_fused_step
 
     # ------------------------------------------------------------ learning rate
     @property
@@ -100,8 +127,8 @@ class Optimizer:
     def create_state(self, index, weight: NDArray):
         return None
 
-    def _grad(self, grad):
-        g = grad * self.rescale_grad if self.rescale_grad != 1.0 else grad
+    def _grad(self, grad, c):
+        g = grad * c.rescale if c.rescale_on else grad
         if self.clip_gradient is not None:
             g = clip(g, -self.clip_gradient, self.clip_gradient)
         return g
@@ -114,9 +141,33 @@ class Optimizer:
         for w, g, s in zip(weights, grads, states):
             self._update_one(index, w, g, s, lr, wd, t)
 
+    def coefficients(self, index, lr, wd, t) -> Coefs:
+        """This step's scalars for parameter ``index`` (floats)."""
+        return Coefs(self._coefs(lr, wd, t), wd != 0, self.rescale_grad != 1.0)
+
+    def _coefs(self, lr, wd, t) -> dict:
+        return {"lr": lr, "wd": wd, "rescale": self.rescale_grad}
+
+    def fusable(self) -> bool:
+        """Whether this optimizer's update may run as one compiled step: its rule is written
+        with ``_rule`` (not a hand-written ``_update_one``) and fusion is not turned off."""
+        return self.use_fused_step is not False and \
+            type(self)._update_one is Optimizer._update_one and \
+            type(self)._rule is not Optimizer._rule
+
     def _update_one(self, index, weight, grad, state, lr, wd, t):
-        raise NotImplementedError(f"{type(self).__name__} must implement _update_one(): "
-                                  "the update rule of one parameter")
+        self._rule(weight, grad, state, self.coefficients(index, lr, wd, t))
+
+    def _rule(self, weight, grad, state, c):
+        raise NotImplementedError(f"{type(self).__name__} must implement _rule(weight, grad, "
+                                  "state, c) (or _update_one(index, weight, grad, state, lr, "
+                                  "wd, t)): the update rule of one parameter")
+
+    def static_key(self) -> tuple:
+        """What a compiled update bakes in: the class and every hyper-parameter but the
+        per-step scalars (learning rate, rescale, weight decay travel as inputs)."""
+        return (type(self).__name__, self.clip_gradient,
+                tuple((k, getattr(self, k)) for k in self._HYPER + self._STATIC))
 
     def hyper(self) -> dict:
         out = {"lr": self.lr, "wd": self.wd, "rescale_grad": self.rescale_grad,
@@ -146,14 +197,18 @@ class SGD(Optimizer):
     def create_state(self, index, weight):
         return _zeros_like(weight) if self.momentum else None
 
-    def _update_one(self, index, weight, grad, state, lr, wd, t):
+    def _coefs(self, lr, wd, t):
+        return {"lr": lr, "wd": wd, "rescale": self.rescale_grad,
+                "lr_rescale": lr * self.rescale_grad, "lr_wd": lr * wd}
+
+    def _rule(self, weight, grad, state, c):
         if self.clip_gradient is None:  # lr * (rescale * grad + wd * weight), scalars folded
-            d = grad * (lr * self.rescale_grad)
-            if wd:
-                d = d + (lr * wd) * weight
+            d = grad * c.lr_rescale
+            if c.wd_on:
+                d = d + c.lr_wd * weight
         else:
-            g = self._grad(grad)
-            d = lr * (g + wd * weight) if wd else lr * g
+            g = self._grad(grad, c)
+            d = c.lr * (g + c.wd * weight) if c.wd_on else c.lr * g
         if state is None:
             weight[:] = weight - d
         else:
@@ -174,15 +229,15 @@ class NAG(Optimizer):
     def create_state(self, index, weight):
         return _zeros_like(weight) if self.momentum else None
 
-    def _update_one(self, index, weight, grad, state, lr, wd, t):
-        g = self._grad(grad)
-        if wd:
-            g = g + wd * weight
+    def _rule(self, weight, grad, state, c):
+        g = self._grad(grad, c)
+        if c.wd_on:
+            g = g + c.wd * weight
         if state is None:
-            weight[:] = weight - lr * g
+            weight[:] = weight - c.lr * g
         else:
-            state[:] = self.momentum * state - lr * g
-            weight[:] = weight + (self.momentum * state - lr * g)
+            state[:] = self.momentum * state - c.lr * g
+            weight[:] = weight + (self.momentum * state - c.lr * g)
 
 
 @register
@@ -201,15 +256,18 @@ class Adam(Optimizer):
     def create_state(self, index, weight):
         return (_zeros_like(weight), _zeros_like(weight))
 
-    def _update_one(self, index, weight, grad, state, lr, wd, t):
+    def _coefs(self, lr, wd, t):
+        return {"lr_t": lr * math.sqrt(1 - self.beta2 ** t) / (1 - self.beta1 ** t),
+                "wd": wd, "rescale": self.rescale_grad}
+
+    def _rule(self, weight, grad, state, c):
         m, v = state
-        g = self._grad(grad)
-        if wd:
-            g = g + wd * weight
-        lr_t = lr * math.sqrt(1 - self.beta2 ** t) / (1 - self.beta1 ** t)
+        g = self._grad(grad, c)
+        if c.wd_on:
+            g = g + c.wd * weight
         m[:] = self.beta1 * m + (1 - self.beta1) * g
         v[:] = self.beta2 * v + (1 - self.beta2) * square(g)
-        weight[:] = weight - lr_t * m / (sqrt(v) + self.epsilon)
+        weight[:] = weight - c.lr_t * m / (sqrt(v) + self.epsilon)
 
 
 @register
@@ -230,17 +288,22 @@ class AdamW(Optimizer):
     def create_state(self, index, weight):
         return (_zeros_like(weight), _zeros_like(weight))
 
-    def _update_one(self, index, weight, grad, state, lr, wd, t):
+    _STATIC = ("correct_bias",)
+
+    def _coefs(self, lr, wd, t):
+        return {"lr": lr, "wd": wd, "rescale": self.rescale_grad,
+                "c1": 1 - self.beta1 ** t if self.correct_bias else 1.0,
+                "c2": 1 - self.beta2 ** t if self.correct_bias else 1.0}
+
+    def _rule(self, weight, grad, state, c):
         m, v = state
-        g = self._grad(grad)
+        g = self._grad(grad, c)
         m[:] = self.beta1 * m + (1 - self.beta1) * g
         v[:] = self.beta2 * v + (1 - self.beta2) * square(g)
-        c1 = 1 - self.beta1 ** t if self.correct_bias else 1.0
-        c2 = 1 - self.beta2 ** t if self.correct_bias else 1.0
-        step = (m / c1) / (sqrt(v / c2) + self.epsilon)
-        if wd:
-            step = step + wd * weight
-        weight[:] = weight - lr * step
+        step = (m / c.c1) / (sqrt(v / c.c2) + self.epsilon)
+        if c.wd_on:
+            step = step + c.wd * weight
+        weight[:] = weight - c.lr * step
 
 
 @register
@@ -264,19 +327,21 @@ class RMSProp(Optimizer):
             return (_zeros_like(weight), _zeros_like(weight), _zeros_like(weight))
         return (_zeros_like(weight),)
 
-    def _update_one(self, index, weight, grad, state, lr, wd, t):
-        g = self._grad(grad)
-        if wd:
-            g = g + wd * weight
+    _STATIC = ("centered", "clip_weights")
+
+    def _rule(self, weight, grad, state, c):
+        g = self._grad(grad, c)
+        if c.wd_on:
+            g = g + c.wd * weight
         if not self.centered:
             (v,) = state
             v[:] = self.rho * v + (1 - self.rho) * square(g)
-            new = weight - lr * g / (sqrt(v) + self.epsilon)
+            new = weight - c.lr * g / (sqrt(v) + self.epsilon)
         else:
             v, mean, mom = state
             v[:] = self.rho * v + (1 - self.rho) * square(g)
             mean[:] = self.rho * mean + (1 - self.rho) * g
-            mom[:] = self.momentum * mom - lr * g / (sqrt(v - square(mean)) + self.epsilon)
+            mom[:] = self.momentum * mom - c.lr * g / (sqrt(v - square(mean)) + self.epsilon)
             new = weight + mom
         if self.clip_weights:
             new = clip(new, -self.clip_weights, self.clip_weights)
@@ -296,10 +361,10 @@ class AdaGrad(Optimizer):
     def create_state(self, index, weight):
         return (_zeros_like(weight),)
 
-    def _update_one(self, index, weight, grad, state, lr, wd, t):
+    def _rule(self, weight, grad, state, c):
         (h,) = state
-        g = self._grad(grad)
-        if wd:
-            g = g + wd * weight
+        g = self._grad(grad, c)
+        if c.wd_on:
+            g = g + c.wd * weight
         h[:] = h + square(g)
-        weight[:] = weight - lr * g / (sqrt(h) + self.epsilon)
+        weight[:] = weight - c.lr * g / (sqrt(h) + self.epsilon)

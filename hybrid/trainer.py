@@ -25,6 +25,7 @@ from __future__ import annotations
 from . import kv as _kv
 from . import optimizer as _opt
 from .checkpoint import read_safetensors, write_safetensors
+from .fused_update import FusedUpdate
 from .ndarray import NDArray, array
 from .nn.parameter import Parameter, eager_scope
 
@@ -94,6 +95,7 @@ class Trainer:
                                           **dict(optimizer_params or {}))
         self._scale = self._optimizer.rescale_grad
         self._states: dict = {}
+        self._fused = None  # the compiled update (see hybrid.fused_update)
         self._fresh = None
         dist = isinstance(kvstore, str) and kvstore.lower().startswith("dist") or \
             isinstance(kvstore, _kv.KVStore) and kvstore.num_workers > 1
@@ -249,12 +251,21 @@ class Trainer:
                 self._stale_error(i, p, flags)
             todo.append((i, p))
         with eager_scope():
+            items = []
             for i, p in todo:
                 states = self._states.get(i)
                 if states is None or len(states) != len(p._data):
                     states = self._states[i] = [self._optimizer.create_state(i, w)
                                                 for w in p._data]
-                self._optimizer.update(i, p._data, [a.grad for a in p._data], states)
+                items.append((i, p._data, [a.grad for a in p._data], states))
+            if self._fused is None or self._fused.optimizer is not self._optimizer:
+                self._fused = FusedUpdate(self._optimizer)
+            if self._fused.available():
+                self._fused.step(items)
+            else:
+                for item in items:
+                    self._optimizer.update(*item)
+            for i, p in todo:
                 p._stale = {a.device: a.grad._buf for a in p._data}
 
     # ------------------------------------------------------------ states

@@ -93,13 +93,14 @@ def _ref_kwargs(params):
     return lr, kw
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["eager", "fused"])
 @pytest.mark.parametrize("name,ref,params", CASES,
                          ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
-def test_optimizer_matches_numpy(name, ref, params):
+def test_optimizer_matches_numpy(name, ref, params, fused):
     w0 = RNG.standard_normal((3, 4))
     p = nn.Parameter("weight", shape=(3, 4), dtype="float64")
     p.initialize(init.Constant(w0))
-    trainer = hb.Trainer([p], name, params)
+    trainer = hb.Trainer([p], name, dict(params, use_fused_step=fused))
     lr, kw = _ref_kwargs(params)
     w, state = w0.copy(), {}
     batch = 4
@@ -111,6 +112,10 @@ def test_optimizer_matches_numpy(name, ref, params):
         trainer.step(batch)
         w = ref(w, g, state, t, lr, rescale=1.0 / batch, **kw)
         np.testing.assert_allclose(p.data().asnumpy(), w, rtol=1e-10, atol=1e-12)
+    # the fused path compiles one update (never re-traced as the step count grows)
+    fns = trainer._fused._fns if trainer._fused is not None else {}
+    assert len(fns) == (1 if fused else 0)
+    assert all(len(f.cache.entries) == 1 for f in fns.values())
 
 
 def test_unknown_optimizer_and_bad_params():
@@ -273,3 +278,40 @@ def test_save_load_states_resumes_exactly(tmp_path, name):
         hb.Trainer(c.collect_params(), other).load_states(tmp_path / "t.states")
     with open(tmp_path / "t.states", "rb") as f:
         assert b"pickle" not in f.read()
+
+
+@pytest.mark.parametrize("opt,params", [
+    ("sgd", {"learning_rate": 0.1, "momentum": 0.9, "wd": 1e-3}),
+    ("adam", {"learning_rate": 0.01}),
+])
+def test_fused_step_matches_eager_across_devices_and_a_schedule(opt, params):
+    """The compiled update equals the eager one for a float32 network whose parameters live
+    on two devices, while a schedule changes the rate every step (no re-trace)."""
+    devices = [hb.cpu(0), hb.cpu(1)]
+    x = hb.random.normal(size=(8, 5))
+    y = hb.array(np.arange(8) % 3, dtype="int32")
+    results = []
+    for fused in (False, True):
+        hb.random.seed(3)
+        net = nn.HybridSequential()
+        net.add(nn.Dense(6, activation="relu"), nn.Dense(3))
+        net.initialize(init.Xavier(), device=devices)
+        sched = lr_scheduler.FactorScheduler(step=1, factor=0.9)
+        trainer = hb.Trainer(net.collect_params(), opt,
+                             dict(params, lr_scheduler=sched, use_fused_step=fused))
+        loss_fn = hb.loss.SoftmaxCrossEntropyLoss()
+        for _ in range(6):
+            with autograd.record():
+                losses = [loss_fn(net(xs), ys) for xs, ys in
+                          zip(hb.split_and_load(x, devices), hb.split_and_load(y, devices))]
+            for l in losses:
+                l.backward()
+            trainer.step(8)
+        results.append({k: [d.asnumpy() for d in p.list_data()]
+                        for k, p in net.collect_params().items()})
+        if fused:
+            (fn,) = trainer._fused._fns.values()
+            assert len(fn.cache.entries) == 2  # one per device, traced once each
+    for k in results[0]:
+        for a, b in zip(results[0][k], results[1][k]):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=k)
