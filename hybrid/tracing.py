@@ -24,6 +24,7 @@ from runtime.memory import Buffer
 from . import _state
 from ._where import user_frame
 from .ndarray import NDArray
+from .nn.parameter import data_epoch as _param_epoch
 
 _log_re = config.logger("recompiles")
 
@@ -271,7 +272,7 @@ class Compiled:
     exe: object = None
     # needs-grad flags -> (TrainingGraphs, fwd exe, bwd exe, wrt input idx, wrt param idx)
     train: dict = dataclasses.field(default_factory=dict)
-    handles: dict = dataclasses.field(default_factory=dict)  # device -> (data lists, handles)
+    handles: dict = dataclasses.field(default_factory=dict)  # device -> (epoch, arrays)
     direct: bool = False  # one array out, no random key, no state updates: see _direct
     trace_seconds: float = 0.0
 
@@ -445,19 +446,15 @@ def _llvm_available() -> bool:
 
 # ============================================================ running
 def _param_handles(entry, device):
-    """The parameters' arrays on ``device``; cached while each Parameter keeps its copies
-    (in-place updates rebind an array's buffer, not the array, so the cache stays valid)."""
+    """The parameters' arrays on ``device``; cached until some Parameter's arrays are
+    replaced (in-place updates rebind an array's buffer, not the array: the cache holds)."""
     cached = entry.handles.get(device)
-    if cached is not None:
-        lists, handles = cached
-        for p, lst in zip(entry.params, lists):
-            if getattr(p, "_data", None) is not lst:
-                break
-        else:
-            return handles
+    epoch = _param_epoch[0]
+    if cached is not None and cached[0] == epoch:
+        return cached[1]
     with suspended():
         handles = [p.data(device) for p in entry.params]
-    entry.handles[device] = ([getattr(p, "_data", None) for p in entry.params], handles)
+    entry.handles[device] = (epoch, handles)
     return handles
 
 

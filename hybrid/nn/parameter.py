@@ -66,6 +66,11 @@ def eager_scope():
         loc.trace, loc.recording = saved
 
 
+# Bumped whenever any Parameter's list of per-device arrays is replaced (initialize, cast,
+# reset): compiled calls cache their parameter arrays and re-check them only then (in-place
+# updates rebind an array's buffer, never the list, so they need no bump).
+data_epoch = [0]
+
 _uid = itertools.count()
 _uid_lock = threading.Lock()
 
@@ -78,6 +83,15 @@ class Parameter:
     init: an initializer (or its name) that takes precedence over ``net.initialize(init)``.
     grad_req: 'write', 'add' or 'null' (no gradient).
     """
+
+    @property
+    def _data(self):
+        return self.__dict__["_data"]
+
+    @_data.setter
+    def _data(self, arrays):
+        self.__dict__["_data"] = arrays
+        data_epoch[0] += 1
 
     def __init__(self, name: str = "weight", shape=None, dtype="float32", init=None,
                  grad_req: str = "write", allow_deferred_init: bool = True,
