@@ -210,7 +210,20 @@ class KVStore:
             raise TypeError(f"set_optimizer: expected an Optimizer, got "
                             f"{type(optimizer).__name__}")
         self._optimizer = optimizer
-        self._impl.set_updater(_make_updater(optimizer, key_index or {}))
+        self._updater = _make_updater(optimizer, key_index or {})
+        self._impl.set_updater(self._updater)
+
+    def optimizer_states(self) -> dict:
+        """key -> the optimizer state the store keeps for it (the dict itself: assigning
+        to it restores states). Only where updates run in this process: a dist_async store
+        updates on its server ranks, whose states this worker cannot see."""
+        if getattr(self, "_updater", None) is None:
+            raise RuntimeError("this store has no optimizer (call set_optimizer first)")
+        if self.type == "dist_async":
+            raise RuntimeError("a dist_async store keeps optimizer states on its server "
+                               "ranks; save and load them there, or train with "
+                               "kvstore='dist_sync' to keep states on every worker")
+        return self._updater.states
 
     def _rescale(self):
         return None if self._optimizer is None else self._optimizer.rescale_grad

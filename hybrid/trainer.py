@@ -273,10 +273,11 @@ class Trainer:
         """Write the optimizer's states (momenta, moving averages, update counts and
         hyper-parameters) to ``fname`` (safetensors + JSON metadata; atomic)."""
         arrays, layout, counts = {}, {}, {}
+        table = self._state_table()
         for i, name in enumerate(self._names):
             if i in self._optimizer._index_update_count:
                 counts[name] = self._optimizer._index_update_count[i]
-            states = self._states.get(i)
+            states = table.get(i)
             if states is None:
                 continue
             s = states[0]
@@ -340,4 +341,19 @@ class Trainer:
         opt.num_update = int(meta.get("num_update", opt.num_update))
         opt._index_update_count = {index[n]: int(c) for n, c in meta.get("counts", {}).items()
                                    if n in index}
-        self._states = new_states
+        self._init_kvstore()
+        if self._uok:  # the store runs the updates: its table gets the states
+            on_store = self._kv.optimizer_states()
+            on_store.clear()
+            on_store.update({self._kv_keys[i]: per_dev[0] for i, per_dev in new_states.items()})
+        else:
+            self._states = new_states
+
+    def _state_table(self) -> dict:
+        """index -> per-device optimizer states: the Trainer's own, or the store's when the
+        store runs the updates (update_on_kvstore; one copy, the store's)."""
+        self._init_kvstore()
+        if not self._uok:
+            return self._states
+        index = {k: i for i, k in enumerate(self._kv_keys)}
+        return {index[k]: [s] for k, s in self._kv.optimizer_states().items() if k in index}
