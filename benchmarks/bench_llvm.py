@@ -118,18 +118,104 @@ def bench_train(rows):
             net = models.mlp(num_outputs=10) if name == "mlp" else models.lenet()
             net.initialize(hb.init.Xavier())
             net(x)
-            if mode == "llvm":
-                net.hybridize(backend="llvm")
-            trainer = hb.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1})
             loss_fn = loss.SoftmaxCrossEntropyLoss()
+            if mode == "llvm":  # as a Gluon user would: the network and the loss hybridized
+                net.hybridize(backend="llvm")
+                loss_fn.hybridize(backend="llvm")
+            trainer = hb.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1})
 
             def step():
                 with autograd.record():
                     l = loss_fn(net(x), y)
                 l.backward()
                 trainer.step(256)
-            rows.append((f"C. {name} train b256", f"hybrid {mode}", timeit(step, steps) * 1e3,
-                         "ms/step"))
+            label = "hybrid eager" if mode == "eager" else "hybrid llvm (net + loss, fused step)"
+            rows.append((f"C. {name} train b256", label, timeit(step, steps) * 1e3, "ms/step"))
+        xn, yn = x.asnumpy(), y.asnumpy()
+        for label, fn in _peer_train_steps(name, xn, yn):
+            rows.append((f"C. {name} train b256", label, timeit(fn, steps, sync=lambda: None)
+                         * 1e3, "ms/step"))
+
+
+def _peer_train_steps(name, xn, yn):
+    """(label, step) for PyTorch (eager, torch.compile of the model) and JAX (jit of the whole
+    step), when installed: forward + softmax cross-entropy + backward + SGD, as in PERF.md."""
+    out = []
+    torch = _torch()
+    if torch is not None:
+        tnn = torch.nn
+        for label in ("torch eager", "torch.compile"):
+            torch.manual_seed(0)
+            if name == "mlp":
+                model = tnn.Sequential(tnn.Flatten(), tnn.Linear(784, 256), tnn.ReLU(),
+                                       tnn.Linear(256, 10))
+            else:
+                model = tnn.Sequential(
+                    tnn.Conv2d(1, 6, 5, padding=2), tnn.Sigmoid(), tnn.AvgPool2d(2, 2),
+                    tnn.Conv2d(6, 16, 5), tnn.Sigmoid(), tnn.AvgPool2d(2, 2), tnn.Flatten(),
+                    tnn.Linear(400, 120), tnn.Sigmoid(), tnn.Linear(120, 84), tnn.Sigmoid(),
+                    tnn.Linear(84, 10))
+            fwd = torch.compile(model) if label == "torch.compile" else model
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            tx, ty = torch.from_numpy(xn), torch.from_numpy(yn.astype(np.int64))
+            lossf = tnn.CrossEntropyLoss()
+
+            def tstep(fwd=fwd, opt=opt, tx=tx, ty=ty, lossf=lossf):
+                opt.zero_grad(set_to_none=True)
+                lossf(fwd(tx), ty).backward()
+                opt.step()
+            out.append((label, tstep))
+    jax = _jax()
+    if jax is not None:
+        import jax.numpy as jnp  # noqa: PLC0415
+        rng = np.random.default_rng(0)
+
+        def glorot(*shape):
+            fan = shape[0] * int(np.prod(shape[2:])) + shape[1] * int(np.prod(shape[2:]))
+            return jnp.asarray(rng.uniform(-1, 1, shape).astype(np.float32) *
+                               np.sqrt(6 / fan))
+        if name == "mlp":
+            params = [glorot(784, 256), jnp.zeros(256), glorot(256, 10), jnp.zeros(10)]
+
+            def forward(p, x):
+                h = jax.nn.relu(x.reshape(x.shape[0], -1) @ p[0] + p[1])
+                return h @ p[2] + p[3]
+        else:
+            params = [glorot(6, 1, 5, 5), jnp.zeros(6), glorot(16, 6, 5, 5), jnp.zeros(16),
+                      glorot(400, 120), jnp.zeros(120), glorot(120, 84), jnp.zeros(84),
+                      glorot(84, 10), jnp.zeros(10)]
+
+            def conv(x, w, b, pad):
+                y = jax.lax.conv_general_dilated(x, w, (1, 1), [(pad, pad), (pad, pad)])
+                return y + b[None, :, None, None]
+
+            def pool(x):
+                return jax.lax.reduce_window(x, 0.0, jax.lax.add, (1, 1, 2, 2),
+                                             (1, 1, 2, 2), "VALID") / 4
+
+            def forward(p, x):
+                h = pool(jax.nn.sigmoid(conv(x, p[0], p[1], 2)))
+                h = pool(jax.nn.sigmoid(conv(h, p[2], p[3], 0))).reshape(x.shape[0], -1)
+                h = jax.nn.sigmoid(h @ p[4] + p[5])
+                h = jax.nn.sigmoid(h @ p[6] + p[7])
+                return h @ p[8] + p[9]
+
+        def objective(p, x, y):
+            logp = jax.nn.log_softmax(forward(p, x))
+            return -jnp.mean(jnp.take_along_axis(logp, y[:, None], axis=1))
+
+        @jax.jit
+        def jstep(p, x, y):
+            g = jax.grad(objective)(p, x, y)
+            return [a - 0.1 * b for a, b in zip(p, g)]
+        jx, jy = jnp.asarray(xn), jnp.asarray(yn)
+        state = {"p": params}
+
+        def run():
+            state["p"] = jstep(state["p"], jx, jy)
+            state["p"][0].block_until_ready()
+        out.append(("jax jit (whole step)", run))
+    return out
 
 
 # ------------------------------------------------------------------------- D
