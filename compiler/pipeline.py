@@ -10,10 +10,11 @@ from __future__ import annotations
 import time
 
 from runtime import config
-from runtime.executable import Executable
+from runtime.executable import Executable, PartExecutable, PartitionedExecutable
 
 from .graph import Graph
 from .passes import fuse, plan_memory, schedule, simplify
+from .passes.partition import devices_of, partition
 from .reference import ReferenceProgram
 from .verify import verify
 
@@ -61,9 +62,13 @@ def run_passes(graph: Graph, passes=None):
     return graph, reports
 
 
-def compile(graph: Graph, backend: str = "reference", device=None, passes=None) -> Executable:
+def compile(graph: Graph, backend: str = "reference", device=None, passes=None):
+    """An Executable, or a PartitionedExecutable when the graph's ops span several devices
+    (one compiled part per device and stage: see passes/partition.py)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if len(devices_of(graph)) > 1:
+        return _compile_parts(graph, backend, device, passes)
     t0 = time.perf_counter()
     in_specs = [graph.spec(n) for n in graph.inputs]
     param_specs = [graph.spec(n) for n in graph.params]
@@ -80,6 +85,29 @@ def compile(graph: Graph, backend: str = "reference", device=None, passes=None) 
                        "explain": explain_plan(optimized)})
     _log.info("compiled %s for %s in %.3fs", graph.name, backend, exe.report["compile_seconds"])
     return exe
+
+
+def _compile_parts(graph, backend, device, passes):
+    t0 = time.perf_counter()
+    split = partition(graph)
+    parts = [PartExecutable(p.device, compile(p.graph, backend, p.device, passes), p.inputs,
+                            p.params) for p in split.parts]
+    explain = "\n".join(f"   part {i} on {p.device} (reads {_refs(p.inputs)}):\n"
+                         f"{p.exe.report['explain']}" for i, p in enumerate(parts))
+    report = {"parts": len(parts), "compile_seconds": time.perf_counter() - t0,
+              "explain": explain, "graph": graph,
+              "passes": [r for p in parts for r in p.exe.report["passes"]]}
+    _log.info("compiled %s for %s as %d device parts in %.3fs", graph.name, backend,
+              len(parts), report["compile_seconds"])
+    return PartitionedExecutable(parts, split.outputs, backend,
+                                 [graph.spec(n) for n in graph.inputs],
+                                 [graph.spec(n) for n in graph.params],
+                                 [graph.spec(o) for o in graph.outputs], device, report)
+
+
+def _refs(refs) -> str:
+    return ", ".join(f"part {r[1]}" if r[0] == "part" else f"{r[0]} {r[1]}"
+                     for r in refs) or "nothing"
 
 
 def explain_plan(graph: Graph) -> str:

@@ -18,7 +18,8 @@ from compiler.graph import Graph, NodeRef
 from compiler.ops import OpError, Spec, is_scalar
 from runtime import config
 from runtime import engine as _engine_mod
-from runtime.device import cpu
+from runtime.device import cpu, parse_device
+from runtime.executable import PartitionedExecutable
 from runtime.memory import Buffer
 
 from . import _state
@@ -92,8 +93,24 @@ class Tracer(NDArray):
     def attach_grad(self, grad_req="write", stype=None):
         self._refuse("attach_grad()", "Attach gradients to inputs outside the block.")
 
+    def to(self, device, non_blocking: bool = False):
+        """This value on ``device``: a ``device_copy`` node. The compiled graph is cut there
+        into per-device parts that run concurrently where nothing orders them."""
+        device = parse_device(device)
+        if device == self.device:
+            return self
+        from .ndarray import apply  # noqa: PLC0415
+        return apply("device_copy", (self,), {"device": str(device),
+                                              "source": str(self.device)})
+
+    as_in_context = to
+    as_in_ctx = to
+
     def copyto(self, other):
-        self._refuse("copyto()", "Move data between devices outside the block.")
+        if isinstance(other, NDArray):
+            self._refuse("copyto(array)", "Return the value from forward instead of writing "
+                         "into an array.")
+        return self.to(other)
 
 
 # =================================================================== Trace
@@ -103,7 +120,9 @@ class Trace:
         self.graph = Graph(name)
         self.device = device
         self.params: list = []  # Parameter objects in graph.params order
-        self._param_nodes: dict = {}
+        self.param_devices: list = []  # the device of each (a parameter may be on several)
+        self._param_nodes: dict = {}  # (id(Parameter), device) -> node
+        self.param_of_node: dict = {}  # node -> Parameter
         self._consts: dict = {}
         self.state_updates: list = []  # (Parameter, node id)
         self.key_node = None
@@ -111,11 +130,17 @@ class Trace:
 
     def apply(self, name, args, attrs):
         conv = []
+        device = None
         for a in args:
             if isinstance(a, Tracer):
                 if a._trace is not self:
                     raise TraceError(f"a traced value from another trace was used at {_at()}: "
                                      "do not keep arrays from inside forward in globals")
+                if device is None:
+                    device = a.device
+                elif a.device != device:
+                    raise TraceError(f"{name}: arguments are on different devices ({device} "
+                                     f"and {a.device}) at {_at()}; move one with .to(device)")
                 conv.append(NodeRef(a._nid))
             elif isinstance(a, NDArray):
                 conv.append(NodeRef(self.capture(a)))
@@ -126,11 +151,14 @@ class Trace:
             else:
                 raise TraceError(f"{name}: argument of type {type(a).__name__} at {_at()} "
                                  "cannot be traced; pass hybrid arrays or numbers")
+        if name == "device_copy":
+            device = parse_device(attrs["device"])
+        device = device or self.device
         try:
-            nid = self.graph.add_op(name, conv, attrs, user_frame(), str(self.device))
+            nid = self.graph.add_op(name, conv, attrs, user_frame(), str(device))
         except OpError as exc:
             raise OpError(f"{exc} (at {_at()}, while hybridizing)") from None
-        return Tracer(self, nid, self.graph.spec(nid), self.device)
+        return Tracer(self, nid, self.graph.spec(nid), device)
 
     def capture(self, a: NDArray) -> int:
         """A concrete array used inside forward becomes a graph constant (its value now)."""
@@ -145,19 +173,23 @@ class Trace:
         return self.graph.add_const(np.array(a), device=str(self.device))
 
     def param(self, param, device):
-        if id(param) not in self._param_nodes:
+        device = parse_device(device) if device is not None else self.device
+        key = (id(param), device)
+        if key not in self._param_nodes:
             with suspended():
-                data = param.data(device or self.device)
+                data = param.data(device)
             name = self.param_names.get(id(param)) or _param_name(param)
             taken = {self.graph.node(n)["attrs"]["name"] for n in self.graph.params}
             base, k = name, 1
             while name in taken:  # parameters of plain functions may share a short name
                 name, k = f"{base}_{k}", k + 1
-            nid = self.graph.add_param(Spec(data.shape, data._dtype), name, str(self.device))
-            self._param_nodes[id(param)] = nid
+            nid = self.graph.add_param(Spec(data.shape, data._dtype), name, str(device))
+            self._param_nodes[key] = nid
+            self.param_of_node[nid] = param
             self.params.append(param)
-        nid = self._param_nodes[id(param)]
-        return Tracer(self, nid, self.graph.spec(nid), self.device)
+            self.param_devices.append(device)
+        nid = self._param_nodes[key]
+        return Tracer(self, nid, self.graph.spec(nid), device)
 
     def random_key(self):
         """A fresh per-call key for each random op: one key input, offset per op."""
@@ -202,14 +234,13 @@ def inplace_rebind(target: NDArray, new):
     if not isinstance(new, Tracer):
         raise TraceError(f"in-place update with a concrete value at {_at()}")
     if isinstance(target, Tracer):
-        pnode = target._nid
-        for p in tr.params:
-            if tr._param_nodes[id(p)] == pnode:
-                # a parameter updated inside forward (BatchNorm running stats): a graph output
-                # written back to the parameter after each call
-                tr.state_updates = [(q, n) for q, n in tr.state_updates if q is not p]
-                tr.state_updates.append((p, new._nid))
-                break
+        p = tr.param_of_node.get(target._nid)
+        if p is not None:
+            # a parameter updated inside forward (BatchNorm running stats): a graph output
+            # written back to the parameter after each call
+            tr.state_updates = [(q, n) for q, n in tr.state_updates if q is not p]
+            tr.state_updates.append((p, new._nid))
+            tr.param_of_node[new._nid] = p  # a later update of the same array: the same state
         target._nid = new._nid
         target._dtype = new._dtype
         return
@@ -274,6 +305,7 @@ class Compiled:
     train: dict = dataclasses.field(default_factory=dict)
     handles: dict = dataclasses.field(default_factory=dict)  # device -> (epoch, arrays)
     direct: bool = False  # one array out, no random key, no state updates: see _direct
+    param_devices: list = dataclasses.field(default_factory=list)  # the device of each param
     trace_seconds: float = 0.0
 
     def executable(self):
@@ -349,8 +381,8 @@ class CachedFunction:
             names = {id(p): k for k, p in self.owner.collect_params().items()}
         trace = Trace(self.name, device, names)
         tracers = [Tracer(trace, trace.graph.add_input(Spec(a.shape, a._dtype), f"in{i}",
-                                                       str(device)), Spec(a.shape, a._dtype),
-                          device) for i, a in enumerate(leaves)]
+                                                       str(a.device)), Spec(a.shape, a._dtype),
+                          a.device) for i, a in enumerate(leaves)]
         targs, tkwargs = unflatten(tree, tracers)
         loc = _state.local
         old, loc.trace = loc.trace, trace
@@ -377,10 +409,12 @@ class CachedFunction:
         g.remove_dead()
         entry = Compiled(sig, g, trace.params, out_tree, n_user, updates,
                          trace.key_node is not None, self.backend,
+                         param_devices=trace.param_devices,
                          trace_seconds=time.perf_counter() - t0)
         from compiler.pipeline import compile as compile_graph  # noqa: PLC0415
         entry.exe = compile_graph(g, entry.backend, device)
-        entry.direct = not entry.uses_key and not updates and entry.out_tree == _SINGLE
+        entry.direct = not entry.uses_key and not updates and entry.out_tree == _SINGLE and \
+            not isinstance(entry.exe, PartitionedExecutable)
         self.entries[sig] = entry
         return entry
 
@@ -453,7 +487,7 @@ def _param_handles(entry, device):
     if cached is not None and cached[0] == epoch:
         return cached[1]
     with suspended():
-        handles = [p.data(device) for p in entry.params]
+        handles = [p.data(d) for p, d in zip(entry.params, entry.param_devices)]
     entry.handles[device] = (epoch, handles)
     return handles
 
@@ -465,7 +499,32 @@ def _needs_grad(a) -> bool:
 _INLINE_US = 60.0  # a compiled call this quick runs in the caller when its device is idle
 
 
+def _push_parts(exe, in_bufs, param_bufs, name):
+    """A graph spanning devices: one engine op per part on its own device; the engine orders
+    a part after the parts whose outputs it reads, and runs the others at once."""
+    outs = []
+    for part in exe.parts:
+        ins = [in_bufs[r[1]] if r[0] == "input" else outs[r[1]][r[2]]._buf
+               for r in part.inputs]
+        ps = [param_bufs[r[1]] for r in part.params]
+        outs.append(_push(part.exe, parse_device(part.device), ins, ps, part.exe.out_specs,
+                          f"{name}@{part.device}"))
+    results = []
+    for ref, spec in zip(exe.outputs, exe.out_specs):
+        if ref[0] == "part":
+            results.append(outs[ref[1]][ref[2]])
+        elif ref[0] == "const":
+            results.append(NDArray(Buffer(np.array(ref[1])), spec.shape, spec.dtype,
+                                   exe.device))
+        else:  # an input or parameter handed back: buffers are immutable, share it
+            buf = (in_bufs if ref[0] == "input" else param_bufs)[ref[1]]
+            results.append(NDArray(buf, spec.shape, spec.dtype, exe.device))
+    return results
+
+
 def _push(exe, device, in_bufs, param_bufs, out_specs, name):
+    if isinstance(exe, PartitionedExecutable):
+        return _push_parts(exe, in_bufs, param_bufs, name)
     outs = [NDArray(Buffer(), s.shape, s.dtype, device) for s in out_specs]
     out_bufs = [o._buf for o in outs]
     xp = device.xp

@@ -22,3 +22,29 @@ class Executable:
 
     def __call__(self, xp, inputs, params):
         return self.run(xp, inputs, params)
+
+
+@dataclasses.dataclass
+class PartExecutable:
+    """One device's part of a partitioned graph: its executable and where its inputs come
+    from: ("input", i) / ("param", i) of the whole call, or ("part", p, k), output k of part
+    p (an earlier part)."""
+    device: Any  # the device name, e.g. 'cpu(1)'
+    exe: Executable
+    inputs: list
+    params: list
+
+
+@dataclasses.dataclass
+class PartitionedExecutable:
+    """A graph spanning several devices: one executable per (device, stage) part, run as one
+    engine op each, so parts with no path between them run at once on their devices.
+    ``outputs``: per output, ("part", p, k) / ("input", i) / ("param", i) / ("const", a)."""
+    parts: list
+    outputs: list
+    backend: str
+    in_specs: list
+    param_specs: list
+    out_specs: list
+    device: Any
+    report: dict = dataclasses.field(default_factory=dict)

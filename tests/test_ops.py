@@ -205,6 +205,15 @@ case("copy", unary_samples(), lambda x: x.copy(), ALL)
 case("stop_gradient", unary_samples(), lambda x: x, ALL, zero_grad=True)
 
 
+def _device_copy_samples(rng, dt):
+    return [Sample(s.args, {"device": "cpu(1)", "source": "cpu(0)"})
+            for s in unary_samples()(rng, dt)]
+
+
+case("device_copy", _device_copy_samples, lambda x, device, source: x.copy(), ALL,
+     grad_samples=lambda rng: _device_copy_samples(rng, "float64"))
+
+
 def _cast_samples(rng, dt):
     # non-negative values below 100: every target (uint8 included) holds them exactly
     x = rand(rng, (3, 4), dt, 0, 99)

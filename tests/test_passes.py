@@ -85,6 +85,24 @@ def test_mlp_dense_is_matmul_with_bias_relu_epilogue():
     assert len(out.meta["fusion"]["epilogues"]) == 3
 
 
+@pytest.mark.parametrize("axis", [None, 1])
+def test_a_reduction_after_an_extern_epilogue_reads_it_from_memory(axis):
+    """matmul -> div -> sum: the reduction must not join the matmul's in-place epilogue (the
+    LLVM lowering only runs elementwise epilogues there); results equal the reference."""
+    g, (x,) = _g((6, 6))
+    y = op(g, "div", op(g, "matmul", x, x), 10.0)
+    g.outputs = [op(g, "sum", y, axis=axis)]
+    out, _ = fuse(g)
+    groups = out.meta["fusion"]["groups"]
+    assert [grp["kind"] for grp in groups] == ["extern", "reduce"]
+    assert "reduces it" in out.meta["fusion"]["materialized"][groups[0]["root"]]
+    pytest.importorskip("llvmlite")
+    from compiler.pipeline import compile as compile_graph
+    xv = np.random.default_rng(0).standard_normal((6, 6)).astype(np.float32)
+    got = compile_graph(g, "llvm").run(np, [xv], [])[0]
+    np.testing.assert_allclose(got, run_reference(g, [xv])[0], rtol=1e-5)
+
+
 def test_fusion_refuses_broadcast_recompute_and_says_why():
     g, (x,) = _g((4, 1))
     e = op(g, "exp", x)

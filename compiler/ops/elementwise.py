@@ -130,6 +130,15 @@ def _identity_grad(F, i, out, g):
 register("copy", "elementwise", infer=_unary_infer("copy", "all"),
          impl=lambda xp, x: xp.array(x, copy=True), scalar=lambda b, x: x,
          grad=_identity_grad, doc="a copy of x")
+register("device_copy", "elementwise",
+         infer=lambda x, device, source: _unary_infer("device_copy", "all")(x),
+         impl=lambda xp, x, device, source: xp.array(x, copy=True),
+         scalar=lambda b, x, device, source: x,
+         grad=lambda F, i, out, g, device, source: (F.device_copy(g, device=source,
+                                                                  source=device),),
+         attrs=("device", "source"),
+         doc="x moved from device `source` to `device` (x.to(device) in a hybridized "
+             "forward): where a graph is cut into per-device parts that run concurrently")
 register("stop_gradient", "elementwise", infer=_unary_infer("stop_gradient", "all"),
          impl=lambda xp, x: x, scalar=lambda b, x: x,
          grad=lambda F, i, out, g: (None,), doc="x, with no gradient flowing back")

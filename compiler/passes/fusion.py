@@ -98,7 +98,13 @@ def fuse(graph: Graph):
         for a in dict.fromkeys(g.arg_ids(n)):
             if g.op(a) in SOURCE_OPS:
                 continue
-            if a not in must and kind in ("elementwise", "reduce"):
+            if a not in must and kind == "reduce" and has_extern.get(find(a)):
+                # an extern kernel's group ends in an in-place elementwise epilogue over its
+                # output; a reduction of that output reads it from memory
+                must[a] = (f"consumer %{n} ({g.op(n)}) reduces it, and it ends an extern "
+                           "kernel's epilogue")
+                refused.append((a, [n], must[a]))
+            elif a not in must and kind in ("elementwise", "reduce"):
                 merge(a, n, "joining it would put two extern kernels in one group")
             elif (kind == "elementwise" and g.op(a) in EPILOGUE_OF and
                   g.users(a) == [n] and a not in g.outputs and
