@@ -81,6 +81,10 @@ FLAGS = {f.name: f for f in [
          "Worker threads per CPU device."),
     Flag("HYBRID_INLINE", _bool, True,
          "Run a small op in the caller when its inputs are ready and its device is idle."),
+    Flag("HYBRID_SWITCH_INTERVAL", _seconds, 0.0002,
+         "Python's thread switch interval while engine workers run (sys.setswitchinterval; "
+         "never raised): a worker whose native call ends waits at most this long for the "
+         "GIL while the front end runs Python (Python's default, 5 ms, stalls it)."),
     Flag("HYBRID_LOG", _channels, frozenset(),
          "Comma-separated log channels: engine, recompiles, fusion, memory, schedule, "
          "compile, codegen, simplify, all."),

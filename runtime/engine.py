@@ -226,6 +226,11 @@ class Engine:
         worker = _Worker(device, self._lock)
         self._workers[device] = worker
         if start:
+            # a worker returning from a native call (GIL released) needs the GIL back while
+            # the front end runs Python; with Python's 5 ms switch interval it would stall
+            want = config.get("HYBRID_SWITCH_INTERVAL")
+            if sys.getswitchinterval() > want:
+                sys.setswitchinterval(want)
             n = self.workers_per_device if device.kind == "cpu" else 1
             for i in range(n):
                 t = threading.Thread(target=self._worker_loop, args=(worker, i, n),
