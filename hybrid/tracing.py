@@ -303,8 +303,8 @@ class Compiled:
     exe: object = None
     # needs-grad flags -> (TrainingGraphs, fwd exe, bwd exe, wrt input idx, wrt param idx)
     train: dict = dataclasses.field(default_factory=dict)
-    handles: dict = dataclasses.field(default_factory=dict)  # device -> (epoch, arrays)
-    direct: bool = False  # one array out, no random key, no state updates: see _direct
+    handles: tuple = ()  # (parameter epoch, the parameters' arrays): see _param_handles
+    direct: bool = False  # no random key, no state updates, one device: see run_direct
     param_devices: list = dataclasses.field(default_factory=list)  # the device of each param
     trace_seconds: float = 0.0
 
@@ -347,9 +347,11 @@ class CachedFunction:
                 entry = self.fast.get((tuple(fast), _state.local.training))
                 if entry is not None:
                     if entry.direct and not _state.local.recording:
-                        out = _direct(entry, args)
-                        if out is not None:
-                            return out
+                        outs = run_direct(entry.exe, args[0].device, [a._buf for a in args],
+                                          [h._buf for h in _param_handles(entry)])
+                        if outs is not None:
+                            return outs[0] if entry.out_tree == _SINGLE else \
+                                unflatten(entry.out_tree, outs[:entry.n_user_out])
                     return _run(entry, args, self.name)
         leaves, tree = flatten((args, kwargs))
         for a in leaves:
@@ -413,7 +415,7 @@ class CachedFunction:
                          trace_seconds=time.perf_counter() - t0)
         from compiler.pipeline import compile as compile_graph  # noqa: PLC0415
         entry.exe = compile_graph(g, entry.backend, device)
-        entry.direct = not entry.uses_key and not updates and entry.out_tree == _SINGLE and \
+        entry.direct = not entry.uses_key and not updates and \
             not isinstance(entry.exe, PartitionedExecutable)
         self.entries[sig] = entry
         return entry
@@ -479,16 +481,17 @@ def _llvm_available() -> bool:
 
 
 # ============================================================ running
-def _param_handles(entry, device):
-    """The parameters' arrays on ``device``; cached until some Parameter's arrays are
-    replaced (in-place updates rebind an array's buffer, not the array: the cache holds)."""
-    cached = entry.handles.get(device)
+def _param_handles(entry):
+    """The parameters' arrays (each on the device it was traced on); cached until some
+    Parameter's arrays are replaced (in-place updates rebind an array's buffer, not the
+    array: the cache holds)."""
+    cached = entry.handles
     epoch = _param_epoch[0]
-    if cached is not None and cached[0] == epoch:
+    if cached and cached[0] == epoch:
         return cached[1]
     with suspended():
         handles = [p.data(d) for p, d in zip(entry.params, entry.param_devices)]
-    entry.handles[device] = (epoch, handles)
+    entry.handles = (epoch, handles)
     return handles
 
 
@@ -545,27 +548,26 @@ def _push(exe, device, in_bufs, param_bufs, out_specs, name):
     return outs
 
 
-def _direct(entry: Compiled, args):
+def run_direct(exe, device, in_bufs, param_bufs):
     """Run a quick compiled call right here, without the engine: its inputs and parameters are
-    computed already (buffers are immutable, so nothing queued can change them) and its output
-    is a fresh buffer no queued op knows, so skipping dependency tracking loses no ordering.
-    This is the batch-1 path: the Python glue around one native call is the whole cost.
-    Returns None to take the engine path instead (a slow call, a pending input, a failure:
-    the engine re-runs it and reports the error where the result is read, as always)."""
-    exe = entry.exe
+    computed already (buffers are immutable, so nothing queued can change them) and its
+    outputs are fresh buffers no queued op knows, so skipping dependency tracking loses no
+    ordering. This is the batch-1 path: the Python glue around one native call is the whole
+    cost. Returns the output arrays, or None to take the engine path instead (a slow call, a
+    pending input, a failure: the engine re-runs it and reports the error where the result is
+    read, as always). Hybridized blocks and deployed models both call it."""
     timing = exe.report
     if timing.get("avg_us", 1e3) >= _INLINE_US or not _engine_mod.get_engine().inline:
         return None
-    device = args[0].device
     ins = []
-    for a in args:
-        d = a._buf.data
+    for b in in_bufs:
+        d = b.data
         if d is None:
             return None
         ins.append(d)
     ps = []
-    for h in _param_handles(entry, device):
-        d = h._buf.data
+    for b in param_bufs:
+        d = b.data
         if d is None:
             return None
         ps.append(d)
@@ -578,13 +580,12 @@ def _direct(entry: Compiled, args):
         return None
     if sample:
         timing["avg_us"] = 0.8 * timing["avg_us"] + 0.2e6 * (thread_time() - t0)
-    spec = exe.out_specs[0]
-    return NDArray(Buffer(res[0]), spec.shape, spec.dtype, device)
+    return [NDArray(Buffer(r), s.shape, s.dtype, device) for r, s in zip(res, exe.out_specs)]
 
 
 def _run(entry: Compiled, leaves, name):
     device = leaves[0].device if leaves else cpu(0)
-    handles = _param_handles(entry, device)
+    handles = _param_handles(entry)
     inputs = list(leaves)
     if entry.uses_key:
         from .random import key_array  # noqa: PLC0415

@@ -26,13 +26,13 @@ def _expected(net, x):
 @pytest.fixture
 def count_direct(monkeypatch):
     hits = {"direct": 0, "engine": 0}
-    real = tracing._direct
+    real = tracing.run_direct
 
-    def spy(entry, args):
-        out = real(entry, args)
+    def spy(*args):
+        out = real(*args)
         hits["direct" if out is not None else "engine"] += 1
         return out
-    monkeypatch.setattr(tracing, "_direct", spy)
+    monkeypatch.setattr(tracing, "run_direct", spy)
     return hits
 
 
@@ -84,4 +84,19 @@ def test_failed_input_is_reported_where_it_is_read(count_direct):
         out.asnumpy()
     hb.waitall()  # the failure was reported at the read, once
     np.testing.assert_allclose(net(bad).asnumpy(), _expected(net, bad.asnumpy()), rtol=1e-5,
+                               atol=1e-6)
+
+
+def test_deployed_model_takes_the_direct_path(tmp_path, count_direct):
+    net = _mlp()
+    x = hb.random.normal(size=(1, 8))
+    net.hybridize(backend="llvm")
+    net(x)
+    net.export(str(tmp_path / "mlp"), example_inputs=(x,))
+    deployed = hb.load(str(tmp_path / "mlp"))
+    for _ in range(40):
+        out = deployed(x)
+        out.wait_to_read()
+    assert count_direct["direct"] > 0
+    np.testing.assert_allclose(out.asnumpy(), _expected(net, x.asnumpy()), rtol=1e-5,
                                atol=1e-6)
