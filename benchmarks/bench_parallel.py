@@ -9,10 +9,12 @@ Sections:
              (target: together <= 0.6 x the sum on a 2-core machine).
   copy       12.3: computing on cpu(0) while copying earlier results to cpu(1)
              (to(..., non_blocking=True)): together vs compute + copy.
-  allreduce  12.7: allreduce bandwidth vs message size on 2 and 4 local processes, hybrid's
-             dist path (handshake + non-blocking allreduce, and the dist_sync store's
-             pushpull on arrays) beside MPI's own Allreduce on NumPy buffers (target: within
-             10% for large messages). Needs mpi4py + mpirun (pip install 'hybrid[dist]').
+  allreduce  12.7: allreduce bandwidth vs message size (4 KiB .. 64 MiB) on 2 and 4 local
+             processes (started with `hybrid launch`), hybrid's dist path (the checked
+             collective, and the dist_sync store's pushpull of one key and of 8 keys, the
+             Trainer's gradient path) beside MPI's own Allreduce on the same NumPy buffers
+             (target: within 10% for large messages). Needs mpi4py + mpirun
+             (pip install 'hybrid[dist]'). BENCH_ROUNDS=N sets the rounds (5).
   lenet      12.5/12.6: LeNet (the book's 12.5 variant) data-parallel on the embedded digits
              (Digits(size=28)): 1 device vs 2 devices, and 1 process vs 2 processes
              (dist_sync), throughput and test accuracy. Each configuration runs in a fresh
@@ -145,10 +147,24 @@ def bench_copy():
 
 # ============================================================== 12.7: allreduce across processes
 SIZES = [1 << 10, 1 << 14, 1 << 18, 1 << 22, 1 << 24]  # float32 elements: 4 KiB .. 64 MiB
+KEYS = 8  # the "gradients" case: the same bytes as 8 arrays (bucketed like a network's grads)
+METHODS = ("mpi", "mpi_inplace", "collective", "store", "store8")
 
 
 def _allreduce_worker():
-    """Runs on every rank (under hybrid launch); rank 0 prints JSON."""
+    """Runs on every rank (under hybrid launch); rank 0 prints JSON.
+
+    Per size, every method runs once per round, the methods interleaved (a shared machine
+    drifts: interleaving gives each method the same conditions); each rank takes the median
+    over rounds, and the slowest rank's median is the collective's time.
+      mpi          comm.Allreduce(a, out) on NumPy buffers (out-of-place, as for gradients:
+                   the input is kept, the sum lands in another buffer)
+      mpi_inplace  comm.Allreduce(IN_PLACE, buf): MPI's fastest form (no input to keep)
+      collective   hybrid's checked primitive: handshake + non-blocking allreduce, polled
+      store        the dist_sync store's pushpull of one key (hybrid arrays in and out)
+      store8       the same bytes as 8 keys: the path hb.Trainer(kvstore='dist_sync') takes
+                   for a network's gradients (kv.pushpull(keys, grads, out=grads), bucketed)
+    """
     from mpi4py import MPI
 
     import hybrid as hb
@@ -157,38 +173,53 @@ def _allreduce_worker():
     group = collective.ProcessGroup()
     kv = hb.kv.create("dist_sync")
     sizes = SIZES[:3] if SMOKE else SIZES
+    rounds = 2 if SMOKE else int(os.environ.get("BENCH_ROUNDS", "5"))
     rows = []
     for i, n in enumerate(sizes):
         a = np.ones(n, np.float32)
         out = np.empty_like(a)
-        reps = 3 if SMOKE else max(5, min(200, int(2e8 // (n * 4 * 8))))
+        buf = np.zeros(n, np.float32)  # in place: zeros stay zeros (no overflow over reps)
         arr = hb.array(a)
-        kv.init(i, arr)
+        kv.init(f"one{i}", arr)
+        keys = [f"k{i}_{j}" for j in range(KEYS)]
+        parts = [hb.array(np.ones(n // KEYS, np.float32)) for _ in keys]
+        kv.init(keys, parts)
+        # about 0.1 s of transfers per sample at 1 GB/s
+        reps = 2 if SMOKE else max(3, min(200, int(1e8 // (n * 4))))
 
         def mpi():
             comm.Allreduce(a, out, op=MPI.SUM)
+
+        def mpi_inplace():
+            comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
 
         def ours():
             group.handshake("allreduce", 0, [(i, (n,), "float32")])
             group.wait([group.allreduce_start(a)])
 
         def store():
-            kv.pushpull(i, arr)
+            kv.pushpull(f"one{i}", arr)
             arr.wait_to_read()
 
-        res = {"bytes": n * 4}
-        for name, fn in (("mpi", mpi), ("hybrid", ours), ("store", store)):
+        def store8():
+            kv.pushpull(keys, parts, out=parts)
+            for p in parts:
+                p.wait_to_read()
+
+        fns = dict(zip(METHODS, (mpi, mpi_inplace, ours, store, store8)))
+        samples = {k: [] for k in fns}
+        for fn in fns.values():
             fn()
-            comm.Barrier()
-            times = []
-            for _ in range(3):
+        for _ in range(rounds):
+            for name, fn in fns.items():
                 comm.Barrier()
                 t0 = time.perf_counter()
                 for _ in range(reps):
                     fn()
-                times.append((time.perf_counter() - t0) / reps)
-            # the slowest rank's time is the collective's time
-            res[name] = comm.allreduce(statistics.median(times), op=MPI.MAX)
+                samples[name].append((time.perf_counter() - t0) / reps)
+        res = {"bytes": n * 4, "reps": reps, "rounds": rounds}
+        for name, v in samples.items():
+            res[name] = comm.allreduce(statistics.median(v), op=MPI.MAX)
         rows.append(res)
     if comm.rank == 0:
         print("JSON " + json.dumps(rows), flush=True)
@@ -205,22 +236,36 @@ def bench_allreduce():
         return None
     results = {}
     for n in (2, 4):
+        load0 = _loadavg()
         out = _launch(n, "--allreduce-worker")
         if out is None:
             continue
         rows = out
         results[n] = rows
-        print(f"\n[12.7] allreduce on {n} local processes: algorithm bandwidth (bytes / time), "
-              "slowest rank, median of 3")
-        print(f"  {'size':>9} {'MPI Allreduce':>16} {'hybrid (checked)':>18} {'ratio':>6} "
-              f"{'dist_sync store':>17} {'ratio':>6}")
+        print(f"\n[12.7] allreduce of float32 on {n} local processes (hybrid launch -n {n}): "
+              "algorithm bandwidth in GB/s (bytes / time), slowest rank, median of "
+              f"{rows[0]['rounds']} interleaved rounds; load average {load0} -> {_loadavg()}")
+        print(f"  {'':>8} | {'MPI Allreduce':^13} | {'hybrid':^12} | {'dist_sync store':^27}")
+        print(f"  {'size':>8} | {'out':>6} {'in pl.':>6} | {'coll.':>6} {'/MPI':>5} | "
+              f"{'1 key':>6} {'/MPI':>5} | {f'{KEYS} keys':>7} {'/MPI':>5}")
         for r in rows:
-            size = _human(r["bytes"])
-            bw = {k: r["bytes"] / r[k] / 1e9 for k in ("mpi", "hybrid", "store")}
-            print(f"  {size:>9} {bw['mpi']:10.2f} GB/s {bw['hybrid']:12.2f} GB/s "
-                  f"{bw['hybrid'] / bw['mpi']:6.2f} {bw['store']:11.2f} GB/s "
-                  f"{bw['store'] / bw['mpi']:6.2f}")
+            bw = {k: r["bytes"] / r[k] / 1e9 for k in METHODS}
+            print(f"  {_human(r['bytes']):>8} | {bw['mpi']:6.2f} {bw['mpi_inplace']:6.2f} | "
+                  f"{bw['collective']:6.2f} {bw['collective'] / bw['mpi']:5.2f} | "
+                  f"{bw['store']:6.2f} {bw['store'] / bw['mpi']:5.2f} | "
+                  f"{bw['store8']:7.2f} {bw['store8'] / bw['mpi']:5.2f}")
+        print("  MPI = comm.Allreduce(a, out) on NumPy buffers; 'MPI in place' = "
+              "Allreduce(IN_PLACE, a); hybrid coll. = handshake + polled Iallreduce; store = "
+              "dist_sync pushpull (hb arrays in, new arrays out); 8 keys = the same bytes as 8 "
+              "gradients, what hb.Trainer(kvstore='dist_sync') sends")
     return results
+
+
+def _loadavg():
+    try:
+        return "/".join(f"{v:.2f}" for v in os.getloadavg())
+    except OSError:
+        return "?"
 
 
 def _human(nbytes):
@@ -232,7 +277,8 @@ def _human(nbytes):
 
 
 def _launch(n, *args, timeout=900):
-    cmd = [sys.executable, "-m", "hybrid.launch", "-n", str(n), "--timeout", "120", HERE, *args]
+    cmd = [sys.executable, "-m", "hybrid", "launch", "-n", str(n), "--timeout", "120", HERE,
+           *args]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     for line in proc.stdout.splitlines():
         if line.startswith("JSON "):

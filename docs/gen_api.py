@@ -114,11 +114,13 @@ SECTIONS = [
     ("hybrid.config", "hybrid.config", "The `HYBRID_*` flags: see [flags.md](flags.md).",
      ["get", "set_flag", "describe", "cache_dir", "log_enabled", "logger", "FLAGS"]),
     ("Launching processes: hybrid.launch", "hybrid.launch",
-     "`python -m hybrid.launch -n 2 script.py` (or `hybrid launch ...`).",
+     "`hybrid launch -n 2 script.py ARGS` (also `python -m hybrid launch ...`): the "
+     "arguments after the script go to it untouched; `hybrid launch --help` lists the "
+     "options. See [distributed.md](distributed.md).",
      ["launch_main", "find_mpirun", "build_command", "LaunchError"]),
     ("The `hybrid` command: hybrid.cli", "hybrid.cli",
-     "`hybrid inspect | run | bench | sysinfo` (installed by `pip install -e .`; "
-     "`python -m hybrid.cli` without installing).",
+     "`hybrid inspect | run | bench | sysinfo | launch` (installed by `pip install -e .`; "
+     "`python -m hybrid` without installing).",
      ["main", "inspect_artifact", "bench_artifact", "sysinfo"]),
 ]
 

@@ -9,7 +9,7 @@
 2. Aggregation strategies: the hand-written reduce-then-broadcast of section 12.5 ("naive":
    everything goes through device 0) vs the ring allreduce, on 2 and 4 devices: time and the
    bytes each device sends.
-3. Across processes (``python -m hybrid.launch -n 2 this_script --worker``): 'dist_sync' (every
+3. Across processes (``hybrid launch -n 2 this_script --worker``): 'dist_sync' (every
    push an allreduce over the workers: they advance in lockstep, weights identical) vs
    'dist_async' (a parameter server sharded over the processes: each push is applied when it
    arrives, a slow worker does not hold up a fast one). Skipped with a message when there is
@@ -209,9 +209,9 @@ def part3_processes():
     except Exception as exc:  # noqa: BLE001 - LaunchError: no MPI here
         C.skip("multi-process part", f"{exc}")
         return
-    cmd = [sys.executable, "-m", "hybrid.launch", "-n", "2", os.path.abspath(__file__),
+    cmd = [sys.executable, "-m", "hybrid", "launch", "-n", "2", os.path.abspath(__file__),
            "--worker"]
-    print(f"  $ {' '.join(cmd[1:])}")
+    print(f"  $ hybrid {' '.join(cmd[3:])}")
     env = dict(os.environ)
     env["PYTHONPATH"] = C._ROOT + os.pathsep + env.get("PYTHONPATH", "")
     t0 = time.perf_counter()

@@ -1,12 +1,16 @@
-"""The ``hybrid`` command: look into, run and time deployment artifacts.
+"""The ``hybrid`` command: look into, run and time deployment artifacts; launch jobs.
 
     hybrid inspect ARTIFACT [--json]
     hybrid run ARTIFACT --input x.npy [--input ...] [--output y.npy ...]
     hybrid bench ARTIFACT [--batch-size N] [--iters N] [--repeats N]
     hybrid sysinfo
+    hybrid launch -n N [--hosts H1:S1,H2:S2] [...] SCRIPT [SCRIPT ARGS...]
 
-Exit status: 0 on success, 2 for bad usage or a refused artifact (the reason on stderr, no
-traceback). Inputs are read with ``numpy.load(allow_pickle=False)``.
+Also ``python -m hybrid ...``. Exit status: 0 on success, 2 for bad usage or a refused
+artifact (the reason on stderr, no traceback). Inputs are read with
+``numpy.load(allow_pickle=False)``. ``hybrid launch`` is :func:`hybrid.launch.launch_main`:
+everything after the script path goes to the script untouched, and the exit status is the
+job's.
 """
 from __future__ import annotations
 
@@ -337,7 +341,8 @@ def cmd_sysinfo(args) -> int:
 # ---------------------------------------------------------------- main
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hybrid", description="Inspect, run and time hybrid "
-                                "deployment artifacts (written by net.export()).")
+                                "deployment artifacts (written by net.export()); launch "
+                                "scripts on several processes over MPI.")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
@@ -374,10 +379,27 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("sysinfo", help="versions, CPUs, flags, GPUs")
     sp.add_argument("--json", action="store_true")
     sp.set_defaults(fn=cmd_sysinfo)
+
+    # listed for `hybrid --help`; main() hands `hybrid launch ...` to hybrid.launch before
+    # this parser sees it, so the script's own arguments pass through untouched
+    sp = sub.add_parser("launch", add_help=False,
+                        help="run a script on N worker processes over MPI (wraps mpirun; "
+                             "hybrid launch --help for its options)")
+    sp.add_argument("argv", nargs=argparse.REMAINDER)
+    sp.set_defaults(fn=lambda args: cmd_launch(args.argv))
     return p
 
 
+def cmd_launch(argv) -> int:
+    """``hybrid launch ARGS``: :func:`hybrid.launch.launch_main` (its own parser and help)."""
+    from .launch import launch_main  # noqa: PLC0415
+    return launch_main(argv)
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["launch"]:  # before argparse: `--help` and the script's args are its own
+        return cmd_launch(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     from runtime.artifact import ArtifactError  # noqa: PLC0415

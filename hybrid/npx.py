@@ -2,6 +2,8 @@
 LeNet uses them). Each is a thin name over registry ops, so it hybridizes."""
 from __future__ import annotations
 
+import numpy as np
+
 from compiler.ops import composite as _c
 
 from . import _state
@@ -32,6 +34,11 @@ def activation(data, act_type="relu"):
     return act(data)
 
 
+def _dtype_of(a) -> str:
+    dt = getattr(a, "_dtype", None)
+    return dt if dt is not None else np.asarray(a).dtype.name
+
+
 def convolution(data, weight, bias=None, kernel=None, stride=(1, 1), dilate=(1, 1), pad=(0, 0),
                 num_filter=None, num_group=1, no_bias=False, layout="NCHW"):
     if layout != "NCHW":
@@ -41,6 +48,13 @@ def convolution(data, weight, bias=None, kernel=None, stride=(1, 1), dilate=(1, 
     if num_filter is not None and weight.shape[0] != num_filter:
         raise ValueError(f"convolution: num_filter={num_filter} but weight has "
                          f"{weight.shape[0]} filters")
+    # conv2d takes one dtype: mixed operands (a float32 batch, float64 weights after
+    # net.cast('float64')) are promoted as NumPy (and eager matmul) would
+    dt = np.result_type(_dtype_of(data), _dtype_of(weight)).name
+    if _dtype_of(data) != dt:
+        data = data.astype(dt)
+    if _dtype_of(weight) != dt:
+        weight = weight.astype(dt)
     out = apply("conv2d", (data, weight), {"stride": _pair(stride), "pad": _pair(pad),
                                            "dilation": _pair(dilate), "groups": num_group})
     if bias is not None and not no_bias:

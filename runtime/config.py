@@ -104,7 +104,8 @@ FLAGS = {f.name: f for f in [
          "naming the rank, the key and the step."),
     Flag("HYBRID_DIST_BUCKET_MB", _seconds, 25.0,
          "Size in MiB of the flat buffers that dist_sync packs gradients into: one "
-         "allreduce per bucket, started as soon as its gradients are computed."),
+         "allreduce per bucket, started as soon as its gradients are computed. A gradient "
+         "of min(this, 1 MiB) or more is sent from its own buffer, without a packing copy."),
 ]}
 
 _values: dict[str, Any] = {}

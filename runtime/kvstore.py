@@ -29,6 +29,7 @@ mutated), which the front end binds to its arrays. This module never imports the
 """
 from __future__ import annotations
 
+import math
 import threading
 import time
 
@@ -339,12 +340,16 @@ def _host_sum(vals) -> Tensor:
     return reduce_sum(vals, vals[0].device)
 
 
+_SOLO_BYTES = 1 << 20  # dist_sync: a key this large is not packed into a bucket
+
+
 @register("dist_sync", "dist_sync_device", "dist_device_sync")
 class DistSyncStore(_DistStore):
     """Synchronous data parallelism over MPI: each push is an allreduce across processes.
 
     Gradients are summed over the local devices, then packed into flat host buffers of about
-    ``HYBRID_DIST_BUCKET_MB`` MiB; each bucket's allreduce starts as soon as its gradients
+    ``HYBRID_DIST_BUCKET_MB`` MiB (a gradient of 1 MiB or more is sent from its own buffer,
+    without a packing copy); each bucket's allreduce starts as soon as its gradients
     are computed (keys in the order given: pass the last layers first to overlap with the
     rest of the backward pass). The updater, if any, runs on every rank with the same sums,
     so the stored values stay identical everywhere and ``pull`` needs no communication.
@@ -362,12 +367,21 @@ class DistSyncStore(_DistStore):
             self._values[k] = copy_to(Tensor.ready(a, cpu(0)), v.device)
 
     def _buckets(self, keys):
+        """Keys grouped into allreduce messages, in the order given. Small keys are packed
+        into flat buckets of about ``limit`` bytes (one message each, latency amortized); a
+        key of ``min(limit, 1 MiB)`` or more travels alone, summed straight from its own
+        buffer: packing it would add a full copy of it to a transfer that is bound by memory
+        bandwidth (on one machine, a copy costs about half an allreduce of the same size)."""
         from . import config  # noqa: PLC0415
         limit = float(self._bucket_mb or config.get("HYBRID_DIST_BUCKET_MB")) * (1 << 20)
+        solo = min(limit, _SOLO_BYTES)
         buckets, cur, size, dt = [], [], 0, None
         for k in keys:
             shape, dtype = self._meta[k]
-            nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+            nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+            if nbytes >= solo:
+                buckets.append([k])
+                continue
             if cur and (dtype != dt or size + nbytes > limit):
                 buckets.append(cur)
                 cur, size = [], 0
@@ -403,7 +417,7 @@ class DistSyncStore(_DistStore):
             off = 0
             for k in bucket:
                 shape = self._meta[k][0]
-                n = int(np.prod(shape, dtype=np.int64))
+                n = math.prod(shape)
                 out[k] = flat[off:off + n].reshape(shape).astype(dtype, copy=False)
                 off += n
         return out

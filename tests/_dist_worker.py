@@ -1,6 +1,6 @@
 """Worker script for tests/test_dist.py, run on N processes by ``hybrid launch``.
 
-    python -m hybrid.launch -n 2 tests/_dist_worker.py SCENARIO
+    python -m hybrid launch -n 2 tests/_dist_worker.py SCENARIO
 
 Scenarios: exact (allreduce and push/pull exact, dist_sync and dist_async, mismatch
 reports), train (50 data-parallel steps vs one process on the combined batch), async

@@ -174,3 +174,63 @@ def test_console_script_entry_point():
     assert eps[0].value == "hybrid.cli:main"
     from hybrid.cli import main
     assert main(["sysinfo", "--json"]) == 0
+
+
+# ---------------------------------------------------------------- launch (no MPI job here:
+# tests/test_dist.py runs `python -m hybrid launch -n 2` on loopback)
+def test_launch_help_through_both_entries():
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    for entry in (["-m", "hybrid"], ["-m", "hybrid.cli"]):
+        res = subprocess.run([sys.executable, *entry, "launch", "--help"], capture_output=True,
+                             text=True, timeout=120, env=env)
+        assert res.returncode == 0, res.stderr
+        assert "usage: hybrid launch" in res.stdout and "mpirun" in res.stdout
+        assert "--hosts" in res.stdout and "untouched" in res.stdout
+    res = cli("--help")
+    assert res.returncode == 0 and "launch" in res.stdout
+
+
+def test_launch_bad_usage_exits_2_with_reason(capsys, tmp_path):
+    from hybrid.cli import main
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    assert main(["launch", "-n", "0", str(script)]) == 2
+    assert "-n must be at least 1, got 0" in capsys.readouterr().err
+    assert main(["launch", "-n", "2", str(tmp_path / "missing.py")]) == 2
+    assert "no such script" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:  # argparse: -n is not a number
+        main(["launch", "-n", "two", str(script)])
+    assert exc.value.code == 2 and "invalid int value" in capsys.readouterr().err
+    assert main(["launch", "-n", "2", "--mpirun", str(tmp_path / "nompirun"), str(script)]) == 2
+    assert "no such executable" in capsys.readouterr().err
+
+
+def test_launch_without_mpirun_says_how_to_get_one(capsys, tmp_path, monkeypatch):
+    from hybrid import launch
+    from hybrid.cli import main
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    # no mpirun beside this Python nor on the PATH
+    monkeypatch.setattr(launch.sysconfig, "get_path", lambda name: str(tmp_path))
+    monkeypatch.setattr(launch.sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setattr(launch.shutil, "which", lambda name: None)
+    assert main(["launch", "-n", "2", str(script), "--epochs", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "no MPI launcher found" in err and "pip install 'hybrid[dist]'" in err
+    assert "Traceback" not in err
+
+
+def test_launch_passes_script_arguments_untouched(capsys, tmp_path):
+    """Options after the script belong to it, even those the launcher also has."""
+    from hybrid import launch
+    from hybrid.cli import main
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    try:
+        launch.find_mpirun()
+    except launch.LaunchError as exc:
+        pytest.skip(f"no MPI launcher: {exc}")
+    args = ["-n", "5", "--dry-run", "-h", "--hosts", "x", "--", "end"]
+    assert main(["launch", "-n", "2", "--dry-run", str(script), *args]) == 0
+    cmd = capsys.readouterr().out.strip()
+    assert cmd.endswith(f"-m hybrid.launch --worker {script} -n 5 --dry-run -h --hosts x -- end")

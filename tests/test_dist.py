@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from hybrid import launch
@@ -62,6 +63,19 @@ def test_launch_arguments(capsys, tmp_path):
         launch.launch_main(["script.py"])  # -n is required
 
 
+def test_mpi_env_defaults_keep_the_users_setting(monkeypatch):
+    """Workers start MPI with the settings hybrid's allreduce is measured with (Open MPI's
+    ring for non-blocking allreduce); a value the user set is kept."""
+    from runtime import collective
+    name = "OMPI_MCA_coll_libnbc_iallreduce_algorithm"
+    monkeypatch.delenv(name, raising=False)
+    collective.mpi_env_defaults()
+    assert os.environ[name] == "ring"
+    monkeypatch.setenv(name, "binomial")
+    collective.mpi_env_defaults()
+    assert os.environ[name] == "binomial"
+
+
 @needs_mpi
 def test_launch_dry_run_command(capsys, tmp_path):
     script = tmp_path / "train.py"
@@ -72,6 +86,46 @@ def test_launch_dry_run_command(capsys, tmp_path):
     cmd = capsys.readouterr().out
     assert " -n 3 " in cmd and "a:2,b:1" in cmd and "FOO" in cmd and "HYBRID_DIST_TIMEOUT" in cmd
     assert cmd.rstrip().endswith(f"-m hybrid.launch --worker {script} --epochs 2")
+
+
+# ------------------------------------------------------------------ the `hybrid launch` CLI
+# a tiny user script: an allreduce (the dist_sync store's pushpull, the path gradients take)
+# of float64 values chosen so that the sum is exact; each rank prints what it got
+ALLREDUCE_SCRIPT = """\
+import sys
+import numpy as np
+import hybrid as hb
+kv = hb.kv.create("dist_sync")
+r, n = kv.rank, kv.num_workers
+x = hb.array(np.arange(6, dtype=np.float64) * (r + 1) + 0.25, dtype="float64")
+kv.init("x", hb.zeros(6, dtype="float64"))
+kv.pushpull("x", x)
+print(f"RANK {r} OF {n} ARGS {sys.argv[1:]} SUM {x.asnumpy().tolist()}", flush=True)
+kv.close()
+"""
+
+
+@needs_mpi
+def test_hybrid_launch_cli_allreduce_on_2_processes(tmp_path):
+    """`python -m hybrid launch -n 2 script.py ARGS` (the console script's entry, main()):
+    both ranks get the exact sum, and the script's arguments (launcher-like options
+    included) reach it untouched."""
+    script = tmp_path / "allreduce.py"
+    script.write_text(ALLREDUCE_SCRIPT)
+    env = dict(os.environ)
+    env.pop("HYBRID_WAIT_TIMEOUT", None)
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    script_args = ["-n", "5", "--timeout", "x", "-h", "--", "tail"]
+    proc = subprocess.run([sys.executable, "-m", "hybrid", "launch", "-n", "2", "--timeout",
+                           "20", str(script), *script_args],
+                          cwd=str(tmp_path), env=env, capture_output=True, text=True,
+                          timeout=80)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    n = 2
+    want = (np.arange(6, dtype=np.float64) * (n * (n + 1) // 2) + 0.25 * n).tolist()
+    for r in range(n):
+        assert f"RANK {r} OF {n} ARGS {script_args} SUM {want}" in out, out[-4000:]
 
 
 # ------------------------------------------------------------------ jobs

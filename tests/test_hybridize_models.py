@@ -140,3 +140,60 @@ def test_gradients_only_for_what_needs_them(backend):
         l2 = loss.SoftmaxCrossEntropyLoss()(eager(x2), y)
     l2.backward()
     np.testing.assert_allclose(hybrid_grad, x2.grad.asnumpy(), rtol=1e-4, atol=1e-6)
+
+
+def _digits_batches(n_steps, batch=32):
+    from hybrid.data import vision
+    train = vision.Digits(train=True, size=28)
+    loader = hb.data.DataLoader(train, batch_size=batch, shuffle=False, last_batch="discard")
+    out = []
+    for X, y in loader:  # the images are float32: a DataLoader batch stays float32
+        out.append((X, y))
+        if len(out) == n_steps:
+            return out
+    return out
+
+
+@pytest.mark.parametrize("input_dtype", ["float32", "float64"])
+def test_float64_lenet_trains_alike_eager_and_hybridized(backend, input_dtype):
+    """LeNet cast to float64, trained with hb.Trainer (SGD) on the digits, the batches as the
+    DataLoader gives them (float32) or cast to float64: the hybridized losses equal eager's.
+    Regression: with float32 batches and float64 weights, the LLVM backend's conv2d read the
+    float64 weights as float32 (the loss was NaN from the first step)."""
+    batches = _digits_batches(6)
+    runs = []
+    for hybridize in (False, True):
+        hb.random.seed(0)
+        net = models.lenet()
+        net.initialize(hb.init.Xavier())
+        net.cast("float64")  # before the first forward: deferred parameters become float64
+        if hybridize:
+            net.hybridize(backend=backend)
+        trainer = hb.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.9})
+        losses = []
+        for X, y in batches:
+            X = X.astype(input_dtype)
+            with autograd.record():
+                l = loss.SoftmaxCrossEntropyLoss()(net(X), y)
+            l.backward()
+            trainer.step(X.shape[0])
+            losses.append(float(l.mean().asnumpy()))
+        assert all(p.data().dtype == np.float64 for p in net.collect_params().values())
+        runs.append(np.array(losses))
+    eager, hybrid = runs
+    assert np.isfinite(eager).all() and np.isfinite(hybrid).all(), (eager, hybrid)
+    np.testing.assert_allclose(hybrid, eager, rtol=1e-9, atol=1e-9)
+
+
+def test_cast_after_hybridize_recompiles(backend):
+    """net.cast() after a hybridized call: the next call computes in the new dtype, as eager
+    does (the compiled graph for the old dtype is dropped, as MXNet's cast does)."""
+    net, x = _build("lenet")
+    net.hybridize(backend=backend)
+    assert net(x).dtype == np.float32
+    net.cast("float64")
+    hyb = net(x)
+    net.hybridize(active=False)
+    eager = net(x)
+    assert eager.dtype == np.float64 and hyb.dtype == np.float64
+    np.testing.assert_allclose(hyb.asnumpy(), eager.asnumpy(), rtol=1e-10, atol=1e-12)

@@ -239,6 +239,57 @@ def test_mismatch_explanations_name_rank_key_and_step():
     assert collective.describe_keys(["a", "b", "c", "d", "e"]) == "'a', 'b', 'c' and 2 more"
 
 
+def test_dist_sync_buckets_pack_small_keys_and_send_large_ones_alone():
+    """Small gradients share flat buckets (one message); a gradient of min(bucket, 1 MiB) or
+    more is sent from its own buffer (packing it would copy it first), in the order given;
+    a bucket holds one dtype. The sums are the same either way."""
+    kv = hb.kv.create("dist_sync")
+    sizes = {"a": 512, "big1": 1 << 18, "b": 100, "c64": 50, "big2": 300_000, "d": 10}
+    dtypes = {"c64": "float64"}
+    kv.init(list(sizes), [hb.zeros(n, dtype=dtypes.get(k, "float32")) for k, n in sizes.items()])
+    assert kv.impl._buckets(list(sizes)) == [["big1"], ["a", "b"], ["big2"], ["c64"], ["d"]]
+    small = hb.kv.create("dist_sync", bucket_mb=0.001)  # ~1 KiB buckets: a 2 KiB key alone
+    small.init(list(sizes), [hb.zeros(n, dtype=dtypes.get(k, "float32"))
+                             for k, n in sizes.items()])
+    assert small.impl._buckets(list(sizes)) == [["a"], ["big1"], ["b"], ["big2"], ["c64"],
+                                                ["d"]]
+    vals = [[hb.array(RNG.integers(-9, 9, n), dtype=dtypes.get(k, "float32"), device=d)
+             for d in DEVS] for k, n in sizes.items()]
+    want = [v[0].asnumpy() + v[1].asnumpy() for v in vals]
+    kv.pushpull(list(sizes), vals)
+    for pair, w in zip(vals, want):
+        for a in pair:
+            np.testing.assert_array_equal(a.asnumpy(), w)
+            assert a.dtype == w.dtype
+    kv.close()
+    small.close()
+
+
+def test_allreduce_output_pool_reuses_only_unreferenced_buffers():
+    """The output buffers of large allreduces are reused (their pages are mapped already),
+    but never while any array still views them."""
+    pool = collective._OutputPool()
+    n = (1 << 20) // 4  # 1 MiB of float32: pooled
+    a = pool.take((n,), "float32")
+    a[:] = 1.0
+    b = pool.take((n,), np.float32)  # a is alive: another buffer
+    assert not np.shares_memory(a, b)
+    kept = {a.ctypes.data, b.ctypes.data}
+    view = a[10:20].reshape(2, 5)  # a view keeps a's buffer in use
+    del a
+    c = pool.take((n // 2, 2), "float32")
+    assert not np.shares_memory(c, view) and c.shape == (n // 2, 2)
+    assert (view == 1.0).all()
+    del view, c
+    d = pool.take((n,), "float32")  # a's buffer is free again (b, c: not pooled, 2 kept)
+    assert d.ctypes.data in kept and len(pool._bufs[(n, "<f4")]) == 2
+    assert not np.shares_memory(d, b)
+    small = pool.take((100,), "float32")
+    assert small.base is None and (100, "<f4") not in pool._bufs  # left to the allocator
+    pool.clear()
+    assert not pool._bufs
+
+
 def test_launch_environment_and_single_process_group():
     assert collective.launched() == (0, 1)
     g = collective.world()

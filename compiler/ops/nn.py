@@ -45,6 +45,17 @@ def _check_window(op, **pairs):
             raise OpError(f"{op}: {name} must be >= {low} in each dimension, got {v}")
 
 
+def _same_dtype(op, *named):
+    """Convolutions take operands of one dtype (the kernels read every operand in the
+    output's dtype): mixed operands are an error here, the front end promotes them first
+    (``npx.convolution``)."""
+    (n0, a0), *rest = named
+    for n, a in rest:
+        if a.dtype != a0.dtype:
+            raise OpError(f"{op}: '{n0}' is {a0.dtype} but '{n}' is {a.dtype}: the operands "
+                          "must have one dtype (cast one of them first)")
+
+
 def _conv_params(stride, pad, dilation, op):
     return _pair(stride, "stride", op), _pair(pad, "pad", op), _pair(dilation, "dilation", op)
 
@@ -54,6 +65,7 @@ def _conv_infer(x, w, stride=1, pad=0, dilation=1, groups=1):
     _check_window("conv2d", stride=stride, pad=pad, dilation=dilation)
     check_dtype("conv2d", "data", x.dtype, "float")
     check_dtype("conv2d", "weight", w.dtype, "float")
+    _same_dtype("conv2d", ("data", x), ("weight", w))
     if not isinstance(groups, numbers.Integral) or groups < 1:
         raise OpError(f"conv2d: groups must be a positive int, got {groups!r}")
     if x.ndim != 4 or w.ndim != 4:
@@ -104,6 +116,7 @@ register("conv2d", "extern", infer=_conv_infer, impl=_conv_impl, grad=_conv_grad
 
 
 def _grad_data_infer(g, w, data_shape, stride=1, pad=0, dilation=1, groups=1):
+    _same_dtype("conv2d_grad_data", ("g", g), ("weight", w))
     return Spec(tuple(data_shape), g.dtype)
 
 
@@ -134,6 +147,7 @@ register("conv2d_grad_data", "extern", infer=_grad_data_infer, impl=_grad_data_i
 
 
 def _grad_weight_infer(x, g, weight_shape, stride=1, pad=0, dilation=1, groups=1):
+    _same_dtype("conv2d_grad_weight", ("data", x), ("g", g))
     return Spec(tuple(weight_shape), g.dtype)
 
 

@@ -439,6 +439,13 @@ class HybridBlock(Block):
                              f"{type(self).__name__} got a {type(block).__name__}; use a "
                              "HybridBlock (or nn.HybridLambda), or make the parent a Block")
 
+    def cast(self, dtype):
+        """Cast every parameter to ``dtype``; graphs compiled for the old dtype are dropped
+        (the compiled-signature cache is keyed by the inputs, not the parameters), so the
+        next hybridized call computes in the new dtype, as the eager call does."""
+        self._cached = None
+        return super().cast(dtype)
+
     def hybridize(self, active: bool = True, backend=None, static_alloc: bool = False,
                   static_shape: bool = False, **flags):
         """Trace and compile on the next call. backend: 'llvm', 'cuda' or 'reference'."""
