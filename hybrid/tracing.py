@@ -491,6 +491,14 @@ def _param_handles(entry):
         return cached[1]
     with suspended():
         handles = [p.data(d) for p, d in zip(entry.params, entry.param_devices)]
+    for p, h, nid in zip(entry.params, handles, entry.graph.params):
+        spec = entry.graph.spec(nid)
+        if (tuple(h.shape), h._dtype) != (tuple(spec.shape), spec.dtype):
+            raise RuntimeError(
+                f"Parameter '{getattr(p, 'name', p)}' is now {h._dtype}{list(h.shape)} but was "
+                f"{spec.dtype}{list(spec.shape)} when the graph was compiled (a cast or a "
+                "re-initialization of the parameter alone): call block.cast(dtype) on the "
+                "block, or hybridize() it again, so it re-traces")
     entry.handles = (epoch, handles)
     return handles
 

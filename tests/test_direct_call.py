@@ -100,3 +100,15 @@ def test_deployed_model_takes_the_direct_path(tmp_path, count_direct):
     assert count_direct["direct"] > 0
     np.testing.assert_allclose(out.asnumpy(), _expected(net, x.asnumpy()), rtol=1e-5,
                                atol=1e-6)
+
+
+def test_a_parameter_cast_alone_is_a_clear_error_not_a_stale_graph():
+    net = _mlp()
+    x = hb.random.normal(size=(1, 8))
+    net.hybridize(backend="llvm")
+    net(x).wait_to_read()
+    net[0].weight.cast("float64")
+    with pytest.raises(RuntimeError, match=r"was float32\[16, 8\] when the graph was compiled"):
+        net(x)
+    net.cast("float64")  # the block's cast drops its graphs: re-traced, float64 out
+    assert net(x.astype("float64")).dtype == np.float64
