@@ -112,3 +112,37 @@ def test_a_parameter_cast_alone_is_a_clear_error_not_a_stale_graph():
         net(x)
     net.cast("float64")  # the block's cast drops its graphs: re-traced, float64 out
     assert net(x.astype("float64")).dtype == np.float64
+
+
+def test_a_queued_call_and_direct_calls_of_one_net_never_mix_their_pointers():
+    """One call waits on the engine for a pending input while the next runs directly in this
+    thread (and two threads call one net): each call's pointers are its own."""
+    import threading
+    net = _mlp()
+    xr = hb.array(np.full((1, 8), 0.5, np.float32))
+    big = hb.array(np.random.default_rng(0).random((96, 96)).astype(np.float32))
+    net(xr)  # finish deferred initialization
+    net.hybridize(backend="llvm")
+    want_r = _expected(net, xr.asnumpy())
+    for _ in range(40):
+        net(xr).wait_to_read()
+    for _ in range(300):
+        xp = hb.dot(big, big)[:1, :8] / 100  # pending when the net is called
+        o1, o2 = net(xp), net(xr)
+        np.testing.assert_allclose(o1.asnumpy(), _expected(net, xp.asnumpy()), rtol=1e-4,
+                                   atol=1e-5)
+        np.testing.assert_allclose(o2.asnumpy(), want_r, rtol=1e-4, atol=1e-5)
+    xs = [hb.array(np.full((1, 8), float(k), np.float32)) for k in range(2)]
+    wants = [_expected(net, x.asnumpy()) for x in xs]
+    bad = [0, 0]
+
+    def work(k):
+        for _ in range(2000):
+            if not np.allclose(net(xs[k]).asnumpy(), wants[k], rtol=1e-4, atol=1e-5):
+                bad[k] += 1
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert bad == [0, 0]

@@ -57,6 +57,7 @@ class NativeRun:
                                                            for k in range(len(self.outs))]
         self._held = ()
         self._bound = []
+        self._template = list(self.io)  # the constants' addresses, for private tables
 
     @staticmethod
     def _prep(a, want):
@@ -68,34 +69,25 @@ class NativeRun:
         return a
 
     def __call__(self, xp, inputs, params):
-        io = self.io
-        keep = []
-        for pos, i, want in self.inputs:
-            a = inputs[i]
-            if type(a) is not np.ndarray or a.dtype != want[1] or a.shape != want[0] or \
-                    not a.flags.c_contiguous:
-                a = self._prep(a, want)
-                keep.append(a)
-            io[pos] = data_address(a)
-        held = self._held
-        if len(held) != len(params) or any(map(is_not, params, held)):
-            self._bind_params(params)  # parameters change only when the Trainer rebinds them
-        outs = []
-        for pos, _, (shape, dt) in self.outs:
-            a, ptr = aligned_empty(shape, dt)
-            io[pos] = ptr
-            outs.append(a)
-        for pos, src in self.aliases:
-            io[pos] = io[src]
+        keep = []  # converted inputs stay alive until the call returns
         if self.lock.acquire(blocking=False):
-            try:
+            try:  # the shared pointer table and arena: only ever written under the lock
+                held = self._held
+                if len(held) != len(params) or any(map(is_not, params, held)):
+                    self._bind_params(params)  # parameters change only when rebound
+                outs = self._fill(self.io, inputs, keep)
                 self.cfunc(self.io_addr, self.arena_ptr)
             finally:
                 self.lock.release()
-        else:  # another thread runs this executable: a private arena and pointer array
+        else:  # another thread runs this executable: a private pointer table and arena
+            io = (ctypes.c_void_p * len(self.io))(*self._template)
+            for pos, i, want in self.params:
+                a = self._prep(params[i], want)
+                keep.append(a)
+                io[pos] = data_address(a)
+            outs = self._fill(io, inputs, keep)
             arena, aptr = aligned_empty((max(self.arena_bytes, 1),), np.uint8)
-            io2 = (ctypes.c_void_p * len(io))(*io)
-            self.cfunc(ctypes.addressof(io2), aptr)
+            self.cfunc(ctypes.addressof(io), aptr)
         if self.plain:  # every result is a fresh output slot, in order
             return outs
         res = []
@@ -108,8 +100,25 @@ class NativeRun:
                 res.append(params[v])
             else:
                 res.append(v)
-        del keep
         return res
+
+    def _fill(self, io, inputs, keep):
+        """Write the input and fresh output addresses into pointer table ``io``."""
+        for pos, i, want in self.inputs:
+            a = inputs[i]
+            if type(a) is not np.ndarray or a.dtype != want[1] or a.shape != want[0] or \
+                    not a.flags.c_contiguous:
+                a = self._prep(a, want)
+                keep.append(a)
+            io[pos] = data_address(a)
+        outs = []
+        for pos, _, (shape, dt) in self.outs:
+            a, ptr = aligned_empty(shape, dt)
+            io[pos] = ptr
+            outs.append(a)
+        for pos, src in self.aliases:
+            io[pos] = io[src]
+        return outs
 
     def _bind_params(self, params):
         """Point the io array at the parameters' data. The arrays are held (with any converted
