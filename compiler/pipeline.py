@@ -67,7 +67,10 @@ def compile(graph: Graph, backend: str = "reference", device=None, passes=None):
     (one compiled part per device and stage: see passes/partition.py)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if len(devices_of(graph)) > 1:
+    if len(devices_of(graph)) > 1 or (device is not None and
+                                       devices_of(graph) - {str(device)}):
+        # ops on several devices, or all on another device than the call's (x.to(cpu(1))
+        # first thing in forward): parts, each pushed on its own device
         return _compile_parts(graph, backend, device, passes)
     t0 = time.perf_counter()
     in_specs = [graph.spec(n) for n in graph.inputs]

@@ -127,6 +127,11 @@ def _predict_entry(block, example_inputs):
     if entry.uses_key:
         raise ValueError("export: the predict-mode graph draws random numbers; exporting it "
                          "would not be deterministic")
+    devices = sorted({str(d.get("device", "cpu(0)")) for _, d in entry.graph.g.nodes(data=True)})
+    if len(devices) > 1:
+        raise ValueError(f"export: the graph spans devices {', '.join(devices)} (x.to(device) in "
+                         "forward, or parameters on several devices); an artifact runs on one "
+                         "device: export a version of the model that keeps to one device")
     return entry, ins, call
 
 

@@ -151,9 +151,10 @@ class Optimizer:
     def fusable(self) -> bool:
         """Whether this optimizer's update may run as one compiled step: its rule is written
         with ``_rule`` (not a hand-written ``_update_one``) and fusion is not turned off."""
-        return self.use_fused_step is not False and \
-            type(self)._update_one is Optimizer._update_one and \
-            type(self)._rule is not Optimizer._rule
+        cls = type(self)
+        return self.use_fused_step is not False and cls._rule is not Optimizer._rule and \
+            all(getattr(cls, m) is getattr(Optimizer, m)  # no hand-written step logic
+                for m in ("_update_one", "update", "coefficients"))
 
     def _update_one(self, index, weight, grad, state, lr, wd, t):
         self._rule(weight, grad, state, self.coefficients(index, lr, wd, t))

@@ -347,7 +347,8 @@ class CachedFunction:
                 entry = self.fast.get((tuple(fast), _state.local.training))
                 if entry is not None:
                     if entry.direct and not _state.local.recording:
-                        outs = run_direct(entry.exe, args[0].device, [a._buf for a in args],
+                        outs = run_direct(entry.exe, args[0].device if args else cpu(0),
+                                          [a._buf for a in args],
                                           [h._buf for h in _param_handles(entry)])
                         if outs is not None:
                             return outs[0] if entry.out_tree == _SINGLE else \

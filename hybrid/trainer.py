@@ -352,8 +352,7 @@ class Trainer:
     def _state_table(self) -> dict:
         """index -> per-device optimizer states: the Trainer's own, or the store's when the
         store runs the updates (update_on_kvstore; one copy, the store's)."""
-        self._init_kvstore()
-        if not self._uok:
+        if not (self._kv_ready and self._uok):  # no store yet: nothing ran on one
             return self._states
         index = {k: i for i, k in enumerate(self._kv_keys)}
         return {index[k]: [s] for k, s in self._kv.optimizer_states().items() if k in index}

@@ -112,6 +112,7 @@ class Engine:
         self.window = int(window or config.get("HYBRID_ENGINE_WINDOW"))
         self.workers_per_device = int(workers_per_device or config.get("HYBRID_CPU_WORKERS"))
         self.inline = bool(config.get("HYBRID_INLINE"))
+        self._switch_interval = config.get("HYBRID_SWITCH_INTERVAL")  # validated here, early
         self._fifo = self.workers_per_device == 1
         self._reset_state()
         self._pid = os.getpid()
@@ -228,9 +229,8 @@ class Engine:
         if start:
             # a worker returning from a native call (GIL released) needs the GIL back while
             # the front end runs Python; with Python's 5 ms switch interval it would stall
-            want = config.get("HYBRID_SWITCH_INTERVAL")
-            if sys.getswitchinterval() > want:
-                sys.setswitchinterval(want)
+            if sys.getswitchinterval() > self._switch_interval:
+                sys.setswitchinterval(self._switch_interval)
             n = self.workers_per_device if device.kind == "cpu" else 1
             for i in range(n):
                 t = threading.Thread(target=self._worker_loop, args=(worker, i, n),

@@ -146,3 +146,21 @@ def test_a_queued_call_and_direct_calls_of_one_net_never_mix_their_pointers():
     for t in threads:
         t.join()
     assert bad == [0, 0]
+
+
+def test_a_block_without_inputs_can_be_called_again():
+    class Const(nn.HybridBlock):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter("w", shape=(3,), init=hb.init.One())
+
+        def forward(self):
+            return self.w.data() * 2
+
+    net = Const()
+    net.initialize()
+    net.hybridize(backend="llvm")
+    for _ in range(20):
+        out = net()
+        out.wait_to_read()
+    np.testing.assert_array_equal(out.asnumpy(), np.full(3, 2, np.float32))

@@ -315,3 +315,25 @@ def test_fused_step_matches_eager_across_devices_and_a_schedule(opt, params):
     for k in results[0]:
         for a, b in zip(results[0][k], results[1][k]):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+def test_an_optimizer_with_its_own_update_is_never_fused():
+    """A subclass that overrides update() (to log, to freeze a parameter) keeps its logic:
+    the fused path only runs optimizers whose whole step is the built-in one."""
+    calls = []
+
+    class Frozen(optimizer.SGD):
+        def update(self, index, weights, grads, states):
+            calls.append(index)  # freezes every parameter: no update at all
+
+    p = nn.Parameter("weight", shape=(3,), dtype="float32")
+    p.initialize(init.Constant(np.ones(3)))
+    opt = Frozen(learning_rate=0.5)
+    assert not opt.fusable()
+    trainer = hb.Trainer([p], opt)
+    with autograd.record():
+        l = (p.data() * 2).sum()
+    l.backward()
+    trainer.step(1)
+    assert calls == [0]
+    np.testing.assert_array_equal(p.data().asnumpy(), np.ones(3))

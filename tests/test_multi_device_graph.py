@@ -169,3 +169,18 @@ def test_mixed_devices_without_a_copy_is_a_clear_error():
     f = hb.hybridize(lambda x, y: x + y)
     with pytest.raises(tracing.TraceError, match=r"different devices .*\.to\(device\)"):
         f(hb.ones((2,), device=C0), hb.ones((2,), device=C1))
+
+
+def test_a_graph_wholly_on_another_device_runs_and_lands_there():
+    f = hb.hybridize(lambda x: x.to(C1) * 2)
+    out = f(hb.ones((3,), device=C0))
+    assert out.device == C1
+    np.testing.assert_array_equal(out.asnumpy(), np.full(3, 2, np.float32))
+
+
+def test_export_refuses_a_graph_spanning_devices(tmp_path):
+    f = hb.hybridize(lambda x: (x.to(C1) * 2).to(C0) + 1)
+    x = hb.ones((2, 3), device=C0)
+    f(x)
+    with pytest.raises(ValueError, match="spans devices cpu\\(0\\), cpu\\(1\\)"):
+        hb.deploy.export(f, str(tmp_path / "art"), example_inputs=(x,))
