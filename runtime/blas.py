@@ -5,8 +5,11 @@ it never clashes with NumPy's private copy. :func:`load` opens it (RTLD_GLOBAL) 
 its entry points with LLVM under hybrid's own names (``hybrid_cblas_sgemm`` -> the wheel's
 ``scipy_cblas_sgemm``), so JIT-compiled code calls BLAS directly, with no Python in between.
 
-Threads: each CPU device gets its share of the cores (``runtime.engine.on_core_share``);
-the hook sets OpenBLAS's thread count to that share.
+Threads: OpenBLAS runs single-threaded. Generated code splits big kernels across its own
+threads (the workers of compiler/codegen/llvm_extern.py) and calls BLAS from each. A
+multithreaded OpenBLAS would oversubscribe the cores under them, and its pool waits with
+``sched_yield`` spins: on a 2-core machine with the other core busy, a 0.1 ms GEMM of LeNet's
+dense layers took 4-16 ms (scheduler ticks).
 """
 from __future__ import annotations
 
@@ -88,12 +91,14 @@ def load():
         _state["path"] = path
         config.logger("codegen").info("BLAS: %s", path)
     from . import engine  # noqa: PLC0415 - after the library is ready
-    engine.on_core_share(set_threads)
+    # Registered after engine's own hook, whose threadpoolctl call sets every BLAS it finds
+    # (this one too) to the core share: this one runs last and keeps OpenBLAS at one thread.
+    engine.on_core_share(lambda _share: set_threads(1))
     return lib
 
 
 def set_threads(n: int):
-    """OpenBLAS threads for generated code (the hook of engine.on_core_share)."""
+    """OpenBLAS threads for generated code (1: see the module docstring)."""
     setter = _state.get("set_threads")
     if setter is not None:
         setter(max(1, int(n)))

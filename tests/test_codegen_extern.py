@@ -76,18 +76,23 @@ CONVS = [  # (x shape, w shape, attrs)
 ]
 
 
-@functools.lru_cache(maxsize=None)
-def conv_results():
+def conv_cases(convs, dtype="float32"):
+    """Forward and both gradients of each convolution, as one program."""
     cases = CaseProgram()
-    for k, (xs, ws, attrs) in enumerate(CONVS):
-        x, w = rnd(xs, seed=k), rnd(ws, seed=k + 9)
+    for k, (xs, ws, attrs) in enumerate(convs):
+        x, w = rnd(xs, dtype, seed=k), rnd(ws, dtype, seed=k + 9)
         (y,) = eager_apply(np, "conv2d", [x, w], attrs)
-        g = rnd(y.shape, seed=k + 21)
+        g = rnd(y.shape, dtype, seed=k + 21)
         cases.extern("conv2d", [x, w], label=f"fwd{k}", **attrs)
         cases.extern("conv2d_grad_data", [g, w], label=f"gdata{k}", data_shape=xs, **attrs)
         cases.extern("conv2d_grad_weight", [x, g], label=f"gweight{k}", weight_shape=ws,
                      **attrs)
-    return cases.run()
+    return cases
+
+
+@functools.lru_cache(maxsize=None)
+def conv_results():
+    return conv_cases(CONVS).run()
 
 
 @pytest.mark.parametrize("op", ["conv2d", "conv2d_grad_data", "conv2d_grad_weight"])
@@ -113,6 +118,78 @@ def test_conv_float64():
     check(cases.run(), rtol=1e-11, atol=1e-11)
 
 
+# ------------------------------------------------------------- split across workers
+@pytest.fixture
+def split(monkeypatch):
+    """Every extern splits into 3 workers however small it is: uneven shares, a worker per
+    image or plane, per-worker scratch and partial sums."""
+    from compiler.codegen import llvm_extern
+    monkeypatch.setattr(llvm_extern, "PARALLEL_MIN_WORK", 0)
+    monkeypatch.setattr(llvm_extern, "max_workers", lambda: 3)
+
+
+SPLIT_CONVS = CONVS + [
+    ((1, 1, 28, 28), (6, 1, 5, 5), dict(pad=2)),                           # one image
+    ((7, 2, 13, 11), (11, 2, 3, 3), dict(pad=(1, 2), dilation=(2, 1))),   # direct, 8 + 3 filters
+    ((5, 3, 7, 6), (4, 3, 3, 2), {}),                                      # direct, no padding
+    ((5, 3, 11, 7), (5, 3, 3, 2), dict(stride=2, pad=1)),                  # im2col, 5 over 3
+    ((4, 4, 9, 8), (6, 2, 3, 2), dict(pad=(1, 0), dilation=(2, 1), groups=2)),
+    ((3, 8, 5, 5), (4, 8, 1, 1), {}),                                      # 1x1
+    ((11, 3, 8, 8), (4, 3, 3, 3), dict(pad=1)),                            # 3, 4, 4 images
+]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_conv_split_across_workers(split, dtype):
+    tol = 1e-4 if dtype == "float32" else 1e-11
+    check(conv_cases(SPLIT_CONVS, dtype).run(), rtol=tol, atol=tol)
+
+
+def test_split_results_do_not_depend_on_threads(split):
+    """Workers fix every sum's order: 1 or 3 threads give the same bits."""
+    cases = conv_cases(SPLIT_CONVS[-5:-1])
+    cases.extern("matmul", [rnd((100, 37)), rnd((37, 40), seed=1)])
+    cases.extern("pool2d", [rnd((3, 4, 8, 8))], pool_type="avg", kernel=2, stride=2)
+    compiled = compile_program(cases.program(), "split_threads")
+    runs = []
+    for n in (1, 3, 2):
+        compiled.set_threads(n)
+        runs.append(run_program(compiled, cases.inputs))
+    for other in runs[1:]:
+        for a, b in zip(runs[0], other):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_direct_conv_grad_weight_ignores_garbage_columns(split):
+    """The direct gradient reads wrapped-around neighbours in its garbage columns: an inf
+    there must not turn 0 * inf into NaN where the eager impl has finite sums."""
+    x, w = rnd((3, 2, 9, 10), seed=1), rnd((5, 2, 3, 3), seed=2)
+    x[1, 0, 4, 0] = np.inf  # column 0: only taps kw = 0 reach it
+    x[2, 1, 6, 9] = -np.inf  # last column: only kw = 2
+    (y,) = eager_apply(np, "conv2d", [x, w], {})
+    cases = CaseProgram()
+    cases.extern("conv2d_grad_weight", [x, rnd(y.shape, seed=3)], weight_shape=w.shape)
+    (res,) = cases.run()
+    assert np.isfinite(res[2][..., 1]).all()
+    check([res], rtol=1e-4, atol=1e-4)
+
+
+SPLIT_MATMULS = MATMULS + [((100, 7), (7, 5), {}),                      # rows over 3
+                           ((3, 7), (7, 130), {}),                      # columns over 3
+                           ((1, 9), (9, 70), {}),                       # gemv, columns
+                           ((70, 9), (9, 1), {}),                       # gemv, rows
+                           ((9, 100), (5, 9), {"transpose_a": True, "transpose_b": True}),
+                           ((7, 40, 6), (6, 3), {})]                    # 7 batches over 3
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int32"])
+def test_matmul_split_across_workers(split, dtype):
+    cases = CaseProgram()
+    for k, (sa, sb, attrs) in enumerate(SPLIT_MATMULS):
+        cases.extern("matmul", [rnd(sa, dtype, k), rnd(sb, dtype, k + 50)], **attrs)
+    check(cases.run(), rtol=1e-5, atol=1e-4)
+
+
 # ---------------------------------------------------------------------- pooling
 POOLS = [((8, 6, 28, 28), dict(pool_type="avg", kernel=2, stride=2)),   # LeNet
          ((8, 6, 28, 28), dict(pool_type="max", kernel=2, stride=2)),
@@ -122,11 +199,16 @@ POOLS = [((8, 6, 28, 28), dict(pool_type="avg", kernel=2, stride=2)),   # LeNet
                              count_include_pad=False)),
          ((2, 3, 7, 5), dict(pool_type="avg", global_pool=True)),
          ((2, 3, 7, 5), dict(pool_type="max", global_pool=True)),
-         ((1, 2, 6, 6), dict(pool_type="max", kernel=3, stride=1))]
+         ((1, 2, 6, 6), dict(pool_type="max", kernel=3, stride=1)),
+         ((3, 2, 7, 9), dict(pool_type="avg", kernel=2, stride=2)),   # an uncovered edge
+         ((3, 2, 7, 9), dict(pool_type="max", kernel=2, stride=3)),   # gaps between windows
+         ((2, 3, 9, 8), dict(pool_type="avg", kernel=3, stride=2))]   # overlapping windows
 
 
-@pytest.mark.parametrize("backend", ["llvm", "interp"])
-def test_pool(backend):
+@pytest.mark.parametrize("backend", ["llvm", "interp", "split"])
+def test_pool(backend, request):
+    if backend == "split":
+        request.getfixturevalue("split")
     cases = CaseProgram()
     for k, (xs, attrs) in enumerate(POOLS):
         x = rnd(xs, seed=k)
@@ -136,7 +218,7 @@ def test_pool(backend):
         g = rnd(y.shape, seed=k + 3)
         cases.extern("pool2d", [x], **attrs)
         cases.extern("pool2d_grad", [g, x, y], **attrs)
-    check(cases.run(backend), rtol=1e-5, atol=1e-5)
+    check(cases.run("interp" if backend == "interp" else "llvm"), rtol=1e-5, atol=1e-5)
 
 
 # ------------------------------------------------------------- gather / scatter

@@ -20,13 +20,16 @@ Loop kernels (:class:`LoopEmitter`):
   adds/muls marked ``reassoc`` so they vectorize with several partial sums, like NumPy's
   pairwise sum), and through memory otherwise (the output region is first set to the
   identity);
-- kernels of at least PARALLEL_MIN_ELEMENTS points split their outermost loop across POSIX
-  threads started by the generated code (``CompiledProgram.threads``, default: the CPU
-  device's core share from runtime.engine); reductions over that loop stay serial;
+- kernels of at least PARALLEL_MIN_ELEMENTS points split their outermost loop across threads
+  (``CompiledProgram.threads``, default: the CPU device's core share from runtime.engine):
+  chunks claimed by the caller and the process-wide pool's threads (llvm_pool.py), or
+  threads started for the loop when another caller holds the pool; reductions over that loop
+  stay serial;
 - float32 sin/cos kernels are versioned: a fast nest (NumPy's algorithm) runs first and the
   general one (huge arguments) only if some argument needed it.
 
-Extern kernels are emitted by llvm_extern.py (BLAS calls and loop nests).
+Extern kernels are emitted by llvm_extern.py (BLAS calls and loop nests; big ones split into
+workers that the same parallel driver runs).
 
 Calling convention: ``CompiledProgram(io, arena)``; ``Runner`` binds params once and only
 touches the input and output pointers per call; ``run_program`` is the one-shot helper.
@@ -46,10 +49,11 @@ from runtime import native
 
 from .kernel import (ALIGN, SOURCE_OPS, Call, Const, ExternKernel, Index, Load, LoopKernel,
                      Program, expr_nodes, scalar_arity)
-from .llvm_scalar import (I1, I64, PTR, Intrinsics, LLVMScalarBuilder, mem_type, reg_type)
+from .llvm_scalar import (I1, I32, I64, PTR, Intrinsics, LLVMScalarBuilder, mem_type,
+                          reg_type)
 from .scalar import Typed, eval_call, reduce_scalar
 
-CODEGEN_VERSION = 1
+CODEGEN_VERSION = 2
 VOID = ir.VoidType()
 # A loop kernel of at least this many points splits its outer loop across the device's
 # threads (thread start-up is ~10-30 us; below this the kernel takes about that long).
@@ -587,12 +591,18 @@ def nthreads_global(mb: ModuleBuilder):
     return g
 
 
+CHUNKS_PER_THREAD = 4  # pool chunks of a parallel loop: a late thread leaves them to others
+
+
 def emit_parallel_driver(mb: ModuleBuilder, fn, body, extent: int, fill):
-    """``fn(ptrs...)``: run ``body(ptrs..., lo, hi)`` over [0, extent) split across up to
-    ``nthreads`` POSIX threads (the caller's thread takes the first chunk). A thread that
-    cannot be started has its chunk run by the caller."""
+    """``fn(ptrs...)``: run ``body(ptrs..., lo, hi)`` over [0, extent) on up to ``nthreads``
+    threads: chunks of [0, extent) claimed by the caller and the process-wide pool's threads
+    (llvm_pool.py); when another caller holds the pool, split across POSIX threads started
+    here (the caller's thread takes the first chunk; a thread that cannot be started has its
+    chunk run by the caller). Either way every point runs once, whatever the thread count."""
     i32 = ir.IntType(32)
     nptr = len(body.args) - 2
+    pooled = _pool_task(mb, fn, body, extent)
     ctx_ty = ir.LiteralStructType([PTR] * nptr + [I64, I64])
     tramp = ir.Function(mb.module, ir.FunctionType(PTR, [PTR]), fn.name + ".thread")
     tramp.linkage = "internal"
@@ -619,6 +629,10 @@ def emit_parallel_driver(mb: ModuleBuilder, fn, body, extent: int, fill):
     nt = b.select(b.icmp_signed("<", nt, ir.Constant(I64, 1)), ir.Constant(I64, 1), nt)
     nt = b.select(b.icmp_signed(">", nt, ir.Constant(I64, min(MAX_THREADS, extent))),
                   ir.Constant(I64, min(MAX_THREADS, extent)), nt)
+    with b.if_then(b.icmp_signed("==", nt, ir.Constant(I64, 1))):
+        b.call(body, ptrs + [ir.Constant(I64, 0), ir.Constant(I64, extent)])
+        b.ret_void()
+    pooled(b, ptrs, nt)
     n = ir.Constant(I64, extent)
     chunk = b.sdiv(b.add(n, b.sub(nt, ir.Constant(I64, 1))), nt)
 
@@ -652,6 +666,52 @@ def emit_parallel_driver(mb: ModuleBuilder, fn, body, extent: int, fill):
                 lo, hi = bounds(t)
                 b.call(body, ptrs + [lo, hi])
     b.ret_void()
+
+
+def pool_global(mb: ModuleBuilder):
+    """The module's pointer to the thread pool's entry (llvm_pool.py), set by the runtime
+    with the thread count; null until then (the drivers then start threads of their own)."""
+    name = f"{mb.name}.pool"
+    g = mb.module.globals.get(name)
+    if g is None:
+        g = ir.GlobalVariable(mb.module, PTR, name)
+        g.initializer = ir.Constant(PTR, None)
+    return g
+
+
+def _pool_task(mb: ModuleBuilder, fn, body, extent: int):
+    """The pool path of a parallel driver: ``emit(b, ptrs, nt)`` hands the pool a context
+    (the pointers and the chunk count) and ``<fn>.task(ctx, c)``, which runs chunk c of
+    [0, extent); returns from the driver when the pool ran it."""
+    nptr = len(body.args) - 2
+    ctx_ty = ir.LiteralStructType([PTR] * nptr + [I64])
+    task = ir.Function(mb.module, ir.FunctionType(VOID, [PTR, I64]), fn.name + ".task")
+    task.linkage = "internal"
+    tb = ir.IRBuilder(task.append_basic_block("entry"))
+    ctx, c = task.args
+    vals = [tb.load(tb.gep(ctx, [ir.Constant(I32, 0), ir.Constant(I32, k)], inbounds=True,
+                           source_etype=ctx_ty), typ=t)
+            for k, t in enumerate([PTR] * nptr + [I64])]
+    chunks, n = vals[-1], ir.Constant(I64, extent)
+    lo = tb.sdiv(tb.mul(c, n), chunks)
+    hi = tb.sdiv(tb.mul(tb.add(c, ir.Constant(I64, 1)), n), chunks)
+    tb.call(body, vals[:-1] + [lo, hi])
+    tb.ret_void()
+    run_ty = ir.FunctionType(I32, [PTR, PTR, I64, I64])
+
+    def emit(b, ptrs, nt):
+        run = b.load(pool_global(mb), typ=run_ty.as_pointer())
+        with b.if_then(b.icmp_unsigned("!=", b.ptrtoint(run, I64), ir.Constant(I64, 0))):
+            per = b.mul(nt, ir.Constant(I64, CHUNKS_PER_THREAD))
+            chunks = b.select(b.icmp_signed("<", per, n), per, n)
+            cx = b.inttoptr(b.ptrtoint(b.alloca(ctx_ty), I64), PTR)  # an opaque pointer
+            for k, v in enumerate(ptrs + [chunks]):
+                b.store(v, b.gep(cx, [ir.Constant(I32, 0), ir.Constant(I32, k)],
+                                 inbounds=True, source_etype=ctx_ty))
+            ran = b.call(run, [task, cx, chunks, nt])
+            with b.if_then(b.icmp_signed("!=", ran, ir.Constant(I32, 0))):
+                b.ret_void()
+    return emit
 
 
 # --------------------------------------------------------------- compile and run
@@ -724,8 +784,11 @@ class CompiledProgram:
         self.lock = threading.Lock()
         self._nthreads = None
         if threaded:
+            from . import llvm_pool  # noqa: PLC0415 - compiled for threaded programs only
             addr = module.global_address(f"{symbol}.nthreads")
             self._nthreads = ctypes.c_int32.from_address(addr)
+            ctypes.c_void_p.from_address(module.global_address(f"{symbol}.pool")).value = \
+                llvm_pool.address()
             _follow_core_share(self)
 
     @property
@@ -774,15 +837,17 @@ def compile_program(program: Program, name: str = "program") -> CompiledProgram:
         built["mb"] = mb
         return mb.build()
 
+    from .llvm_extern import extern_key  # noqa: PLC0415 - avoid an import cycle
     if any(isinstance(s, ExternKernel) for s in program.steps):
         from runtime import blas  # noqa: PLC0415 - BLAS symbols must exist before linking
         before = blas.load
     else:
         before = None
+    key = {"codegen": CODEGEN_VERSION, "symbol": symbol, "externs": extern_key()}
     module = native.compile_ir(
-        ir_text, [symbol], key={"codegen": CODEGEN_VERSION, "symbol": symbol}, name=name,
+        ir_text, [symbol], key=key, name=name,
         before_load=before, source_key=program.key(),
-        optional_globals=[f"{symbol}.nthreads"])
+        optional_globals=[f"{symbol}.nthreads", f"{symbol}.pool"])
     threaded = f"{symbol}.nthreads" in module.addresses
     return CompiledProgram(program, name, module, symbol, threaded)
 
