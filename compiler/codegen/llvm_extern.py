@@ -66,8 +66,9 @@ def _align(n):
 # sized statically) and so is every sum's order: results never depend on how many threads the
 # runtime grants (with a smaller core share a thread runs several workers in turn). OpenBLAS
 # runs single-threaded inside the workers (runtime/blas.py).
-# Below this many multiply-adds (~0.3 ms in BLAS) an extern runs on one thread: starting and
-# joining a thread costs ~50 us here, so a 2.6M-MAC GEMM of LeNet's (0.12 ms) got slower split.
+# Below this many multiply-adds (~0.3 ms in BLAS) an extern runs on one thread: a parallel
+# region costs up to ~50 us here (waking the pool, or starting threads when it is busy), and
+# a 2.6M-MAC GEMM of LeNet's (0.12 ms) measured slower split with threads started per call.
 PARALLEL_MIN_WORK = 1 << 23
 SCRATCH_BUDGET = 64 << 20  # bytes of per-worker scratch, all workers together, at most
 
