@@ -7,6 +7,7 @@ released; the arena is allocated once per executable and reused.
 from __future__ import annotations
 
 import ctypes
+import math
 import threading
 import time
 from operator import is_not
@@ -16,7 +17,7 @@ import numpy as np
 from runtime import config
 from runtime.executable import Executable
 
-from .llvm import aligned_empty, compile_program, data_address
+from .llvm import SMALL_OUTPUT, aligned_empty, compile_program, data_address
 from .lower import lower
 
 _log = config.logger("compile")
@@ -52,6 +53,8 @@ class NativeRun:
             else:
                 self.aliases.append((pos, entry[1]))
         self.outs.sort(key=lambda t: t[1])
+        self.outs = [(pos, k, want, math.prod(want[0]) * want[1].itemsize <= SMALL_OUTPUT)
+                     for pos, k, want in self.outs]
         self.results = binding.outputs
         self.plain = [tuple(r) for r in self.results] == [("slot", k)
                                                            for k in range(len(self.outs))]
@@ -112,9 +115,12 @@ class NativeRun:
                 keep.append(a)
             io[pos] = data_address(a)
         outs = []
-        for pos, _, (shape, dt) in self.outs:
-            a, ptr = aligned_empty(shape, dt)
-            io[pos] = ptr
+        for pos, _, (shape, dt), small in self.outs:
+            if small:  # NumPy's own alignment serves small outputs (see aligned_empty)
+                a = np.empty(shape, dt)
+                io[pos] = data_address(a)
+            else:
+                a, io[pos] = aligned_empty(shape, dt)
             outs.append(a)
         for pos, src in self.aliases:
             io[pos] = io[src]
