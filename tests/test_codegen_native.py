@@ -175,6 +175,7 @@ def spin_program(n_outer=4000):
 
 def test_native_calls_release_the_gil():
     compiled = compile_program(spin_program(1500), "spin")
+    compiled.set_threads(1)  # one thread per call: the overlap below is between two callers
     runner = compiled.runner()
     runner()
     t0 = time.perf_counter()
