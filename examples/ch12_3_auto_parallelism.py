@@ -67,13 +67,14 @@ def part1_two_devices(devs):
     t2h = bench(lambda: one(x2))
     th = bench(lambda: both(x1, x2))
     gflop = 2 * N ** 3 * K / 1e9
-    print(f"  {str(devs[0]) + ' alone':24s}{t1 * 1e3:9.1f} ms  ({gflop / t1:6.1f} GFLOP/s)")
-    print(f"  {str(devs[1]) + ' alone':24s}{t2 * 1e3:9.1f} ms  ({gflop / t2:6.1f} GFLOP/s)")
-    print(f"  {'sum of the two':24s}{(t1 + t2) * 1e3:9.1f} ms")
-    print(f"  {'both, queued together':24s}{t12 * 1e3:9.1f} ms  ({2 * gflop / t12:6.1f} GFLOP/s)")
-    print(f"  {'hybridized chain, ' + str(devs[0]):24s}{t1h * 1e3:9.1f} ms")
-    print(f"  {'hybridized chain, ' + str(devs[1]):24s}{t2h * 1e3:9.1f} ms")
-    print(f"  {'both, one hybridized call':24s}{th * 1e3:9.1f} ms  ({2 * gflop / th:6.1f} GFLOP/s)")
+    for label, t, work in ((f"{devs[0]} alone", t1, gflop), (f"{devs[1]} alone", t2, gflop),
+                           ("sum of the two", t1 + t2, None),
+                           ("both, queued together", t12, 2 * gflop),
+                           (f"hybridized chain, {devs[0]}", t1h, None),
+                           (f"hybridized chain, {devs[1]}", t2h, None),
+                           ("both, one hybridized call", th, 2 * gflop)):
+        rate = f"  ({work / t:6.1f} GFLOP/s)" if work else ""
+        print(f"  {label:26s}{t * 1e3:9.1f} ms{rate}")
     ratio = t12 / (t1 + t2)
     if ratio < 0.9:
         verdict = f"each device's worker ran its chain at the same time: total / sum = {ratio:.2f}"

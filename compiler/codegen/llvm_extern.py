@@ -541,6 +541,25 @@ def _source(e, g, step, lay, w, dt, x_slot, i):
     return xp, (g["hp"], g["wp"])
 
 
+def _image_columns(e, g, step, lay, w, dt, x_slot, workers):
+    """For each image n of worker w's share and each group gi: (n, gi, cols), the im2col
+    matrix (CKK x OH*OW) of that image and group (the image itself for 1x1 stride-1), emitted
+    inside the loop over images; the caller emits its GEMM per item. Forward and weight
+    gradient share it."""
+    _zero_pad_region(e, g, step, lay, w, dt)
+    lo, hi = _share(e, w, g["n"], workers)
+    with for_range(e.b, hi, start=lo) as n:
+        src, dims = _source(e, g, step, lay, w, dt, x_slot, n)
+        for gi in range(g["groups"]):
+            gsrc = e.gep(src, dt, gi * g["cg"] * dims[0] * dims[1])
+            if _direct_1x1(g):
+                cols = gsrc
+            else:
+                cols = e.region(step, lay, w, "cols")
+                _im2col(e, g, gsrc, dt, dims, cols)
+            yield n, gi, cols
+
+
 def _zero_pad_region(e, g, step, lay, w, dt):
     if g["pad"] != (0, 0):  # the border stays zero: images only overwrite the interior
         e.fill(e.region(step, lay, w, "pad"), dt, g["c"] * g["hp"] * g["wp"], 0)
@@ -610,20 +629,10 @@ def _conv2d(eb: EB, step, attrs):
         return
 
     def work(e, w):
-        _zero_pad_region(e, g, step, lay, w, dt)
-        lo, hi = _share(e, w, g["n"], workers)
-        with for_range(e.b, hi, start=lo) as n:
-            src, dims = _source(e, g, step, lay, w, dt, sx, n)
-            for gi in range(g["groups"]):
-                gsrc = e.gep(src, dt, gi * g["cg"] * dims[0] * dims[1])
-                if _direct_1x1(g):
-                    cols = gsrc
-                else:
-                    cols = e.region(step, lay, w, "cols")
-                    _im2col(e, g, gsrc, dt, dims, cols)
-                out = e.slot_ptr(so, e.add(e.mul(n, g["o"] * ohw), gi * g["og"] * ohw))
-                wg = e.slot_ptr(sw_, gi * g["og"] * ckk)
-                e.gemm(dt, False, False, g["og"], ohw, ckk, wg, ckk, cols, ohw, out, ohw)
+        for n, gi, cols in _image_columns(e, g, step, lay, w, dt, sx, workers):
+            out = e.slot_ptr(so, e.add(e.mul(n, g["o"] * ohw), gi * g["og"] * ohw))
+            wg = e.slot_ptr(sw_, gi * g["og"] * ckk)
+            e.gemm(dt, False, False, g["og"], ohw, ckk, wg, ckk, cols, ohw, out, ohw)
     _parallel(eb, workers, work)
 
 
@@ -691,21 +700,11 @@ def _conv2d_grad_weight(eb: EB, step, attrs):
         if direct:
             _grad_weight_direct(e, step, g, dt, lay, w, workers, dw)
             return
-        _zero_pad_region(e, g, step, lay, w, dt)
-        lo, hi = _share(e, w, g["n"], workers)
-        with for_range(e.b, hi, start=lo) as n:
-            src, dims = _source(e, g, step, lay, w, dt, sx, n)
-            for gi in range(g["groups"]):
-                gsrc = e.gep(src, dt, gi * g["cg"] * dims[0] * dims[1])
-                if _direct_1x1(g):
-                    cols = gsrc
-                else:
-                    cols = e.region(step, lay, w, "cols")
-                    _im2col(e, g, gsrc, dt, dims, cols)
-                gin = e.slot_ptr(sg, e.add(e.mul(n, g["o"] * ohw), gi * g["og"] * ohw))
-                # dW_g (og x CKK) += g_n (og x OHW) @ cols^T (OHW x CKK)
-                e.gemm(dt, False, True, g["og"], ckk, ohw, gin, ohw, cols, ohw,
-                       e.gep(dw, dt, gi * g["og"] * ckk), ckk, accumulate=True)
+        for n, gi, cols in _image_columns(e, g, step, lay, w, dt, sx, workers):
+            gin = e.slot_ptr(sg, e.add(e.mul(n, g["o"] * ohw), gi * g["og"] * ohw))
+            # dW_g (og x CKK) += g_n (og x OHW) @ cols^T (OHW x CKK)
+            e.gemm(dt, False, True, g["og"], ckk, ohw, gin, ohw, cols, ohw,
+                   e.gep(dw, dt, gi * g["og"] * ckk), ckk, accumulate=True)
     _parallel(eb, workers, work)
     if workers > 1:
         with for_range(eb.b, DW.size) as i:
