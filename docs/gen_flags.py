@@ -21,6 +21,7 @@ def _type_name(flag) -> str:
             "_positive_int": "positive integer",
             "_seconds": "positive number (seconds)" if "MB" not in flag.name
             else "positive number (MiB)",
+            "_mebibytes": "number (MiB), 0 or more",
             "_engine_mode": "`threaded` or `naive`",
             "str": "text (a path)"}.get(name, name.lstrip("_") or "text")
 

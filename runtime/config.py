@@ -57,6 +57,15 @@ def _seconds(value) -> float:
     return x
 
 
+def _mebibytes(value) -> float:
+    if isinstance(value, bool):
+        raise ValueError(f"expected a size in MiB, got {value!r}")
+    x = float(value)
+    if not 0 <= x < math.inf:
+        raise ValueError(f"expected a finite size in MiB (0 or more), got {value!r}")
+    return x
+
+
 def _engine_mode(value) -> str:
     text = str(value).strip().lower()
     if text not in ("threaded", "naive"):
@@ -85,6 +94,10 @@ FLAGS = {f.name: f for f in [
          "Python's thread switch interval while engine workers run (sys.setswitchinterval; "
          "never raised): a worker whose native call ends waits at most this long for the "
          "GIL while the front end runs Python (Python's default, 5 ms, stalls it)."),
+    Flag("HYBRID_HOST_POOL_MB", _mebibytes, 256.0,
+         "MiB of large host buffers (over 4 KiB) that compiled calls recycle for their "
+         "outputs once nothing refers to them (MXNet's pooled storage): fresh pages cost a "
+         "page fault each on first touch. 0 turns the pool off."),
     Flag("HYBRID_LOG", _channels, frozenset(),
          "Comma-separated log channels: engine, recompiles, fusion, memory, schedule, "
          "compile, codegen, simplify, all."),

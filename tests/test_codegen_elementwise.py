@@ -24,12 +24,14 @@ SPECIAL = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-40, -1e-40, 88.5, -88.5, 100.0
            1e30, -1e30, 0.5, 1.5, 2.5, -0.5, -2.5, 1.0, -1.0, 3.0, -7.25]
 # float32 tolerance by op (vs NumPy's own float32 loops; both sides round differently):
 # exp/log ~1 ulp, tanh/erf ~1.5 ulp here and up to ~2 ulp in NumPy -> 2e-6 covers both.
+# log1p/expm1 call libm here; NumPy takes its own SIMD loops where the CPU has AVX-512
+# (1 ulp apart on an Intel Xeon, bit-equal on AMD EPYC): ~1 ulp, not exact.
 RTOL32 = {"exp": 1e-6, "log": 1e-6, "tanh": 2e-6, "erf": 2e-6, "sigmoid": 2e-6,
-          "sin": 1e-6, "cos": 1e-6, "pow": 2e-6}
+          "sin": 1e-6, "cos": 1e-6, "pow": 2e-6, "log1p": 1e-6, "expm1": 1e-6}
 EXACT = {"neg", "abs", "sign", "sqrt", "rsqrt", "square", "floor", "ceil", "round", "relu",
          "logical_not", "copy", "stop_gradient", "add", "sub", "mul", "div", "maximum",
          "minimum", "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or",
-         "logical_xor", "where", "clip", "cast", "log1p", "expm1", "floordiv", "mod"}
+         "logical_xor", "where", "clip", "cast", "floordiv", "mod"}
 
 
 def rng(seed=0):
@@ -352,8 +354,13 @@ def test_random_bit_exact(key_dtype, key):
     ref = interpret(prog, [keyarr])
     for (op, attrs), g, r in zip(RANDOM_CASES, got, ref):
         (want,) = eager_apply(np, op, [keyarr], attrs)
-        np.testing.assert_array_equal(g, want, err_msg=f"{op} {attrs}")
         np.testing.assert_array_equal(r, want, err_msg=f"interp {op} {attrs}")
+        if op == "random_normal" and attrs["dtype"] == "float64":
+            # NumPy's float64 log1p/cos take SIMD loops on AVX-512 Xeons, an ulp from libm's
+            # (the float32 transform runs in float64, so float32 draws stay bit-exact)
+            np.testing.assert_allclose(g, want, rtol=1e-15, atol=0, err_msg=f"{op} {attrs}")
+            continue
+        np.testing.assert_array_equal(g, want, err_msg=f"{op} {attrs}")
 
 
 def test_random_fused_dropout_mask_and_explicit_index():

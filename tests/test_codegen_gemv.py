@@ -10,8 +10,10 @@ pytest.importorskip("llvmlite")
 
 
 @pytest.mark.parametrize("dtype,tol", [("float32", 2e-5), ("float64", 1e-12)])
+# (512, 257), (1024, 77), (300, 260): split into chunks of row blocks (>= GEMV_PARALLEL_MIN
+# weights) with a tail of rows and of columns for the last chunk
 @pytest.mark.parametrize("k,n", [(512, 256), (1, 1), (7, 3), (8, 4), (13, 5), (33, 9),
-                                 (16, 17), (3, 130)])
+                                 (16, 17), (3, 130), (512, 257), (1024, 77), (300, 260)])
 def test_batch1_dense_matches_numpy(k, n, dtype, tol):
     net = nn.Dense(n, in_units=k, dtype=dtype)
     net.initialize()

@@ -23,6 +23,7 @@ GOOD = {  # flag -> (environment text, parsed value)
     "HYBRID_SMOKE": ("1", True),
     "HYBRID_DIST_TIMEOUT": ("4", 4.0),
     "HYBRID_DIST_BUCKET_MB": ("0.5", 0.5),
+    "HYBRID_HOST_POOL_MB": ("0", 0.0),
 }
 BAD = {  # flag -> values that must be refused
     "HYBRID_ENGINE": ["eager", "1"],
@@ -35,6 +36,7 @@ BAD = {  # flag -> values that must be refused
     "HYBRID_SMOKE": ["tiny"],
     "HYBRID_DIST_TIMEOUT": ["soon", "0", "inf"],
     "HYBRID_DIST_BUCKET_MB": ["big", "-1"],
+    "HYBRID_HOST_POOL_MB": ["lots", "-1", "inf"],
 }
 
 

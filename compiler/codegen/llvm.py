@@ -53,7 +53,7 @@ from .llvm_scalar import (I1, I32, I64, PTR, Intrinsics, LLVMScalarBuilder, mem_
                           reg_type)
 from .scalar import Typed, eval_call, reduce_scalar
 
-CODEGEN_VERSION = 3
+CODEGEN_VERSION = 4
 VOID = ir.VoidType()
 # A loop kernel of at least this many points splits its outer loop across the device's
 # threads (thread start-up is ~10-30 us; below this the kernel takes about that long).
@@ -594,12 +594,13 @@ def nthreads_global(mb: ModuleBuilder):
 CHUNKS_PER_THREAD = 4  # pool chunks of a parallel loop: a late thread leaves them to others
 
 
-def emit_parallel_driver(mb: ModuleBuilder, fn, body, extent: int, fill):
+def emit_parallel_driver(mb: ModuleBuilder, fn, body, extent: int, fill, spawn=True):
     """``fn(ptrs...)``: run ``body(ptrs..., lo, hi)`` over [0, extent) on up to ``nthreads``
     threads: chunks of [0, extent) claimed by the caller and the process-wide pool's threads
     (llvm_pool.py); when another caller holds the pool, split across POSIX threads started
     here (the caller's thread takes the first chunk; a thread that cannot be started has its
-    chunk run by the caller). Either way every point runs once, whatever the thread count."""
+    chunk run by the caller), or with spawn=False run whole by the caller. Either way every
+    point runs once, whatever the thread count."""
     i32 = ir.IntType(32)
     nptr = len(body.args) - 2
     pooled = _pool_task(mb, fn, body, extent)
@@ -633,6 +634,10 @@ def emit_parallel_driver(mb: ModuleBuilder, fn, body, extent: int, fill):
         b.call(body, ptrs + [ir.Constant(I64, 0), ir.Constant(I64, extent)])
         b.ret_void()
     pooled(b, ptrs, nt)
+    if not spawn:
+        b.call(body, ptrs + [ir.Constant(I64, 0), ir.Constant(I64, extent)])
+        b.ret_void()
+        return
     n = ir.Constant(I64, extent)
     chunk = b.sdiv(b.add(n, b.sub(nt, ir.Constant(I64, 1))), nt)
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from runtime import config
 from runtime.executable import Executable
+from runtime.memory import host_pool
 
 from .llvm import SMALL_OUTPUT, aligned_empty, compile_program, data_address
 from .lower import lower
@@ -53,7 +54,7 @@ class NativeRun:
             else:
                 self.aliases.append((pos, entry[1]))
         self.outs.sort(key=lambda t: t[1])
-        self.outs = [(pos, k, want, math.prod(want[0]) * want[1].itemsize <= SMALL_OUTPUT)
+        self.outs = [(pos, k, want, math.prod(want[0]) * want[1].itemsize)
                      for pos, k, want in self.outs]
         self.results = binding.outputs
         self.plain = [tuple(r) for r in self.results] == [("slot", k)
@@ -115,10 +116,13 @@ class NativeRun:
                 keep.append(a)
             io[pos] = data_address(a)
         outs = []
-        for pos, _, (shape, dt), small in self.outs:
-            if small:  # NumPy's own alignment serves small outputs (see aligned_empty)
+        pool = host_pool()
+        for pos, _, (shape, dt), nbytes in self.outs:
+            if nbytes <= SMALL_OUTPUT:  # NumPy's own alignment serves small outputs
                 a = np.empty(shape, dt)
                 io[pos] = data_address(a)
+            elif pool is not None:  # recycled pages: no page faults on first touch
+                a, io[pos] = pool.empty(shape, dt, nbytes)
             else:
                 a, io[pos] = aligned_empty(shape, dt)
             outs.append(a)

@@ -44,7 +44,8 @@ from ..ops.core import dtype_name
 from ..ops.nn import conv_out_size
 from .kernel import ALIGN, ExternKernel, KernelIRError, matmul_operand_shapes
 from .llvm import MAX_THREADS, emit_parallel_driver, for_range, kernel_function
-from .llvm_gemv import GEMV_LOOP_MAX, gemv_rows
+from .llvm_gemv import (GEMV_CHUNKS, GEMV_PARALLEL_MIN, ROWS as GEMV_ROWS, gemv_applies,
+                        gemv_rows, gemv_workers)
 from .llvm_scalar import F32, F64, I32, I64, PTR, LLVMScalarBuilder, mem_type, reg_type
 from .scalar import FLOATS, Typed
 
@@ -70,6 +71,11 @@ def _align(n):
 # region costs up to ~50 us here (waking the pool, or starting threads when it is busy), and
 # a 2.6M-MAC GEMM of LeNet's (0.12 ms) measured slower split with threads started per call.
 PARALLEL_MIN_WORK = 1 << 23
+# A single GEMM from this many multiply-adds (~6 us on one core) splits too, but only across
+# the pool (spawn=False): the caller claims every chunk nobody else took, so a sleeping or
+# busy pool costs a wake-up call, never a wait or a thread start (MLP batch 64, layer 2:
+# 2.1M MACs, 29 -> ~17 us).
+POOL_MIN_WORK = 1 << 23
 SCRATCH_BUDGET = 64 << 20  # bytes of per-worker scratch, all workers together, at most
 
 
@@ -82,11 +88,12 @@ def max_workers() -> int:
 def extern_key() -> list:
     """The settings that split externs into workers: part of the machine-code cache key, as
     the Program shows them only through scratch sizes."""
-    return [max_workers(), PARALLEL_MIN_WORK, SCRATCH_BUDGET]
+    return [max_workers(), PARALLEL_MIN_WORK, POOL_MIN_WORK, SCRATCH_BUDGET, GEMV_PARALLEL_MIN,
+            GEMV_CHUNKS]
 
 
-def _workers(items: int, work: int, per_worker: int = 0) -> int:
-    if work < PARALLEL_MIN_WORK:
+def _workers(items: int, work: int, per_worker: int = 0, min_work=PARALLEL_MIN_WORK) -> int:
+    if work < min_work:
         return 1
     w = min(items, max_workers())
     if per_worker:
@@ -326,8 +333,7 @@ class EB:
             return self.b.trunc(v, I32) if isinstance(v, ir.Value) else ir.Constant(I32, int(v))
         beta = ir.Constant(fty, 1.0 if accumulate else 0.0)
         one = ir.Constant(fty, 1.0)
-        if m == 1 and tb and not ta and isinstance(n, int) and isinstance(k, int) and \
-                n * k <= GEMV_LOOP_MAX:
+        if gemv_applies(m, n, k, ta, tb):
             gemv_rows(self, dt, n, k, a, bp, ldb, cp, accumulate)
             return
         if m == 1 and ldc >= 1:  # row vector: y(n) = op(B)^T x
@@ -405,10 +411,11 @@ def _slot(eb, s):
     return eb.program.slots[s]
 
 
-def _parallel(eb: EB, workers: int, emit):
+def _parallel(eb: EB, workers: int, emit, spawn=True):
     """``emit(e, w)`` for each worker w in [0, workers): inline when there is one, else in a
     worker function that the parallel driver runs on the module's threads (a thread gets a
-    contiguous range of workers)."""
+    contiguous range of workers). spawn=False: when the pool is busy the caller runs every
+    worker itself instead of starting threads (work too short to pay for them)."""
     if workers <= 1:
         emit(eb, eb.c(0))
         return
@@ -420,7 +427,7 @@ def _parallel(eb: EB, workers: int, emit):
     with for_range(e.b, body.args[-1], start=body.args[-2]) as w:
         emit(e, w)
     e.b.ret_void()
-    emit_parallel_driver(eb.mb, driver, body, workers, lambda b, fn: None)
+    emit_parallel_driver(eb.mb, driver, body, workers, lambda b, fn: None, spawn)
     eb.b.call(driver, list(eb.fn.args[:len(eb.groups)]))
 
 
@@ -478,8 +485,12 @@ def _matmul(eb: EB, step, attrs):
                 nest(e, 1, e.mul(i, sa_st[0]), e.mul(i, sb_st[0]), e.mul(i, sc_st[0]))
         _parallel(eb, workers, batches)
         return
+    if C.dtype in ("float32", "float64") and A.dtype == B.dtype == C.dtype and \
+            gemv_applies(m, n, k, ta, tb):
+        _gemv(eb, C.dtype, n, k, sa, sbb, so, ldb)
+        return
     rows = m >= n  # one GEMM: workers take rows of C (columns when C is wide)
-    workers = _workers(max(m, n) // GEMM_MIN_ROWS, work)
+    workers = _workers(max(m, n) // GEMM_MIN_ROWS, work, min_work=POOL_MIN_WORK)
 
     def block(e, w):
         lo, hi = _share(e, w, m if rows else n, workers)
@@ -492,7 +503,22 @@ def _matmul(eb: EB, step, attrs):
             e.gemm(C.dtype, ta, tb, m, cnt, k, e.slot_ptr(sa), lda,
                    e.slot_ptr(sbb, e.mul(lo, ldb) if tb else lo), ldb, e.slot_ptr(so, lo), n,
                    a_dt=A.dtype, b_dt=B.dtype)
-    _parallel(eb, workers, block)
+    _parallel(eb, workers, block, spawn=work >= PARALLEL_MIN_WORK)
+
+
+def _gemv(eb: EB, dt, n, k, sa, sbb, so, ldb):
+    """A batch-1 Dense layer: its row blocks split into chunks for the caller and the pool
+    (never threads started for it: a few microseconds of work)."""
+    workers = gemv_workers(n, k)
+
+    def part(e, w):
+        if workers == 1:
+            return None
+        lo, hi = _share(e, w, n // GEMV_ROWS, workers)
+        return lo, hi, e.b.icmp_signed("==", w, e.c(workers - 1))
+    _parallel(eb, workers, lambda e, w: gemv_rows(
+        e, dt, n, k, e.slot_ptr(sa), e.slot_ptr(sbb), ldb, e.slot_ptr(so), False,
+        part(e, w)), spawn=False)
 
 
 # ---------------------------------------------------------------------- convolution

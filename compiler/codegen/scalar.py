@@ -349,8 +349,12 @@ def _random_uniform(b, key, shape=(), low=0.0, high=1.0, dtype="float32"):
 
 def _random_normal(b, key, shape=(), loc=0.0, scale=1.0, dtype="float32"):
     work = "float64" if dtype == "float64" else "float32"
-    u1 = _uniform01(b, key, 0, work)
-    u2 = _uniform01(b, key, 1, work)
+    # The transform runs in float64 for every output dtype: NumPy's float32 log1p/cos take
+    # SIMD loops on some CPUs (AVX-512 Xeons) that differ from libm's by an ulp, so a float32
+    # transform would not draw the same numbers eagerly and compiled; in float64 such an ulp
+    # is lost when rounding to float32.
+    u1 = b.cast(_uniform01(b, key, 0, work), "float64")
+    u2 = b.cast(_uniform01(b, key, 1, work), "float64")
     r = b.sqrt(b.mul(b.const(-2.0), b.log1p(b.neg(u1))))
     z = b.mul(r, b.cos(b.mul(b.const(2.0 * math.pi), u2)))
     return b.cast(b.add(b.mul(z, b.const(scale)), b.const(loc)), dtype)

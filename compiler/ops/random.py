@@ -72,8 +72,9 @@ def _uniform_impl(xp, key, shape, low=0.0, high=1.0, dtype="float32"):
 def _normal_impl(xp, key, shape, loc=0.0, scale=1.0, dtype="float32"):
     n = math.prod(shape)
     work = "float64" if dtype == "float64" else "float32"
-    u1 = uniform01(xp, key, n, 0, work)
-    u2 = uniform01(xp, key, n, 1, work)
+    # the draws at the output's precision, the transform in float64 (see _random_normal)
+    u1 = uniform01(xp, key, n, 0, work).astype("float64")
+    u2 = uniform01(xp, key, n, 1, work).astype("float64")
     r = xp.sqrt(-2.0 * xp.log1p(-u1))  # 1 - u1 is in (0, 1]: log is finite
     z = r * xp.cos((2.0 * math.pi) * u2)
     return (z * scale + loc).astype(dtype).reshape(shape)
