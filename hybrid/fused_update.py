@@ -47,37 +47,41 @@ class FusedUpdate:
         opt = self.optimizer
         names = tuple(members[0][3].values)
         flags = tuple((c.wd_on, c.rescale_on) for *_, c in members)
-        key = (opt.static_key(), names, flags)
+        states = [m[2] for m in members]
+        layouts = tuple(_layout(s) for s in states)
+        key = (opt.static_key(), names, flags, layouts)
         if key in self._broken:
             return _eager(opt, members)
         fn = self._fns.get(key)
         if fn is None:
-            fn = self._fns[key] = tracing.HybridFunction(_traced_rule(opt, names, flags))
+            fn = self._fns[key] = tracing.HybridFunction(
+                _traced_rule(opt, names, flags, layouts))
         coefs = array(np.array([[c.values[n] for n in names] for *_, c in members]),
                       dtype=dtype, device=device)
         ws = [m[0] for m in members]
-        gs = [m[1] for m in members]
-        ss = [m[2] for m in members]
-        try:
-            new_ws, new_ss = fn(ws, gs, ss, coefs)
+        leaves = [a for s in states for a in _leaves(s)]
+        try:  # flat positional arrays in and out: the compiled call's fast path
+            outs = fn(*ws, *(m[1] for m in members), *leaves, coefs)
         except tracing.TraceError as exc:  # a rule written with non-traceable Python
             _log.warning("optimizer %s: the update rule cannot be compiled (%s); running it "
                          "eagerly", type(opt).__name__, exc)
             self._broken.add(key)
             return _eager(opt, members)
-        for w, nw in zip(ws, new_ws):
-            w._rebind(nw)
-        for s, ns in zip(ss, new_ss):
-            for a, na in zip(_leaves(s), _leaves(ns)):
-                a._rebind(na)
+        for a, new in zip(ws + leaves, outs):
+            a._rebind(new)
 
 
-def _traced_rule(opt, names, flags):
-    def fused_update(ws, gs, ss, coefs):
-        for k, (w, g, s) in enumerate(zip(ws, gs, ss)):
-            c = Coefs({n: coefs[k, j] for j, n in enumerate(names)}, *flags[k])
-            opt._rule(w, g, s, c)  # in-place assignments rebind the traced values
-        return ws, ss
+def _traced_rule(opt, names, flags, layouts):
+    n = len(flags)
+
+    def fused_update(*args):
+        ws, gs, coefs = list(args[:n]), args[n:2 * n], args[-1]
+        rest = iter(args[2 * n:-1])
+        ss = [_rebuild(layout, rest) for layout in layouts]
+        for k in range(n):
+            c = Coefs({name: coefs[k, j] for j, name in enumerate(names)}, *flags[k])
+            opt._rule(ws[k], gs[k], ss[k], c)  # in-place assignments rebind the traced values
+        return tuple(ws) + tuple(a for s in ss for a in _leaves(s))
     fused_update.__name__ = f"{type(opt).__name__.lower()}_update"
     return fused_update
 
@@ -93,3 +97,19 @@ def _leaves(state):
     if isinstance(state, NDArray):
         return (state,)
     return tuple(state)
+
+
+def _layout(state):
+    """How a state is built from its leaves: None, one array, or a tuple/list of arrays."""
+    if state is None or isinstance(state, NDArray):
+        return None if state is None else "a"
+    return (type(state), len(state))
+
+
+def _rebuild(layout, leaves):
+    if layout is None:
+        return None
+    if layout == "a":
+        return next(leaves)
+    kind, count = layout
+    return kind(next(leaves) for _ in range(count))

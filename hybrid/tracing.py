@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import threading
 from time import thread_time
 
@@ -472,6 +473,7 @@ def _autograd_paused():
         loc.recording = old
 
 
+@functools.cache  # importability does not change within a process
 def _llvm_available() -> bool:
     try:
         import compiler.codegen  # noqa: F401,PLC0415

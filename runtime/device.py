@@ -17,7 +17,7 @@ class DeviceError(RuntimeError):
 
 
 class Device:
-    __slots__ = ("kind", "index", "_key")
+    __slots__ = ("kind", "index", "_key", "_hash")
 
     def __init__(self, kind: str, index: int = 0):
         if kind not in ("cpu", "gpu"):
@@ -27,6 +27,7 @@ class Device:
         self.kind = kind
         self.index = int(index)
         self._key = (kind, self.index)
+        self._hash = hash(self._key)  # devices key many dicts on hot paths
 
     @property
     def device_type(self) -> str:
@@ -55,7 +56,7 @@ class Device:
         return isinstance(other, Device) and self._key == other._key
 
     def __hash__(self):
-        return hash(self._key)
+        return self._hash
 
     def __repr__(self):
         return f"{self.kind}({self.index})"

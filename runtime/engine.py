@@ -65,7 +65,7 @@ class Var:
 
 class _Op:
     __slots__ = ("fn", "name", "where", "device", "pending", "dependents", "done",
-                 "error", "origin", "reads", "writes", "queued")
+                 "error", "origin", "reads", "writes", "queued", "awaited")
 
     def __init__(self, fn, name, where, device, reads, writes):
         self.fn = fn
@@ -80,6 +80,7 @@ class _Op:
         self.error = None
         self.origin = False  # True when this op's own fn raised (not a propagated error)
         self.queued = False  # in a worker's FIFO queue (or running)
+        self.awaited = False  # a sync point waits for this op: wake it when done
 
     def describe(self) -> str:
         at = f" queued at {self.where[0]}:{self.where[1]}" if self.where else ""
@@ -126,7 +127,7 @@ class Engine:
         self._workers: dict[Device, _Worker] = {}
         self._inflight = 0
         self._unreported = []
-        self._waiters = 0
+        self._waiters = 0  # threads in wait_all: woken when nothing is in flight
         self._closed = False
 
     # ------------------------------------------------------------------ push
@@ -311,7 +312,9 @@ class Engine:
             self._inflight -= n
             if self._inflight < self.window:
                 self._space_cv.notify()
-            if self._waiters:
+            # wake a waiter only when what it waits for may be done: every wake-up costs
+            # the waiter a thread switch and the GIL, which the workers want meanwhile
+            if (self._waiters and self._inflight == 0) or any(op.awaited for op in ops):
                 self._done_cv.notify_all()
 
     # --------------------------------------------------------------- waits
@@ -320,7 +323,9 @@ class Engine:
         op = var.last_write
         if op is not None and not op.done:
             with self._lock:
-                self._wait_until(lambda: op.done, timeout, f"value written by {op.describe()}")
+                op.awaited = True
+                self._wait_until(lambda: op.done, timeout, f"value written by {op.describe()}",
+                                 counted=False)
         err = var.error
         if err is not None:
             self._raise(err)
@@ -342,11 +347,12 @@ class Engine:
                               f"{others})",)
             self._raise(first)
 
-    def _wait_until(self, ready, timeout, what):
+    def _wait_until(self, ready, timeout, what, counted=True):
+        """Wait on _done_cv until ready(); counted: a wait for all ops (see _waiters)."""
         self._check_usable()
         timeout = config.get("HYBRID_WAIT_TIMEOUT") if timeout is None else timeout
         deadline = time.monotonic() + timeout
-        self._waiters += 1
+        self._waiters += counted
         try:
             while not ready():
                 left = deadline - time.monotonic()
@@ -355,7 +361,7 @@ class Engine:
                                       f"{self._pending_summary()}")
                 self._done_cv.wait(left)
         finally:
-            self._waiters -= 1
+            self._waiters -= counted
 
     def _raise(self, err: AsyncOpError):
         with self._lock:

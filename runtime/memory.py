@@ -33,15 +33,16 @@ class HostPool:
 
     Outputs are fresh arrays, but freshly mapped memory costs a page fault per 4 KiB on
     first touch: ~0.15 ms for one 800 KB weight update, several times a training step. The
-    pool keeps the 64-byte-aligned base array of every block it hands out; a block is free
-    again when nothing but the pool refers to its base (every view of it holds a
-    reference: CPython's reference count tells), and the next request of the same size takes
-    it, its pages mapped and likely still in cache. At most ``HYBRID_HOST_POOL_MB`` is held;
-    past that, requests get plain fresh memory.
+    pool keeps the 64-byte-aligned base array of every block it hands out, and the array it
+    last handed out for it; a block is free again when nothing but the pool refers to either
+    (a view of the handed-out array refers to the base: CPython's reference counts tell).
+    The next request of the same size takes it, its pages mapped and likely still in cache,
+    as the very array object when the shape and dtype match (no array to build per call).
+    At most ``HYBRID_HOST_POOL_MB`` is held; past that, requests get plain fresh memory.
     """
 
     ALIGN = 64
-    PER_SIZE = 8  # blocks of one size scanned per request: a caller keeping thousands of
+    PER_SIZE = 32  # blocks of one size scanned per request: a caller keeping thousands of
     # outputs alive never makes a request slow; past this, that size is not pooled
 
     def __init__(self, limit_bytes: int):
@@ -52,55 +53,68 @@ class HostPool:
 
     def empty(self, shape, dtype, nbytes: int):
         """(array, address): an uninitialized C-contiguous array on a 64-byte boundary."""
+        key = (shape, dtype)
         with self.lock:
             same = self.blocks.get(nbytes)
             if same is None:
                 same = self.blocks[nbytes] = []
-            for base, addr in same:
-                if _refs(base) <= _FREE_REFS:
-                    return _view(base, addr, shape, dtype, nbytes), addr
-            pooled = len(same) < self.PER_SIZE and self.held + nbytes <= self.limit
-            base = np.empty(nbytes + self.ALIGN, dtype=np.uint8)
-            addr0 = base.__array_interface__["data"][0]
-            off = (-addr0) % self.ALIGN
-            if pooled:
-                same.append((base, addr0 + off))
+            for block in same:
+                if _is_free(block):
+                    view = block.view
+                    if block.key != key or not view.flags.writeable:
+                        view = block.view = _view(block, shape, dtype, nbytes)
+                        block.key = key
+                    return view, block.addr
+            block = _Block(nbytes + self.ALIGN)
+            view = _view(block, shape, dtype, nbytes)
+            if len(same) < self.PER_SIZE and self.held + nbytes <= self.limit:
+                block.view, block.key = view, key
+                same.append(block)
                 self.held += nbytes + self.ALIGN
-        return _view(base, addr0 + off, shape, dtype, nbytes), addr0 + off
+        return view, block.addr
 
     def release(self) -> int:
         """Drop the blocks nothing refers to (like torch.cuda.empty_cache); bytes freed."""
         freed = 0
         with self.lock:
             for size, same in self.blocks.items():
-                keep = []
-                for base, addr in same:
-                    if _refs(base) > _FREE_REFS:
-                        keep.append((base, addr))
+                keep = [block for block in same if not _is_free(block)]
                 freed += (len(same) - len(keep)) * (size + self.ALIGN)
                 same[:] = keep
             self.held -= freed
         return freed
 
 
-def _view(base, addr, shape, dtype, nbytes):
-    off = addr - base.__array_interface__["data"][0]
-    return base[off:off + nbytes].view(dtype).reshape(shape)
+class _Block:
+    __slots__ = ("base", "addr", "off", "view", "key")
+
+    def __init__(self, nbytes: int):
+        self.base = np.empty(nbytes, dtype=np.uint8)
+        addr = self.base.__array_interface__["data"][0]
+        self.off = (-addr) % HostPool.ALIGN
+        self.addr = addr + self.off
+        self.view = self.base[:0]  # replaced by the first array handed out
+        self.key = None
 
 
-def _refs(base) -> int:
-    return _sys.getrefcount(base)
+def _view(block, shape, dtype, nbytes):
+    return block.base[block.off:block.off + nbytes].view(dtype).reshape(shape)
 
 
-def _free_refs() -> int:
-    """The count _refs reads for a block nobody uses, taken where the pool takes it (a list
-    entry, a loop variable): calibrated, since CPython versions count frames differently.
-    -1 (never free) where reference counts mean nothing."""
+def _is_free(block) -> bool:
+    return _sys.getrefcount(block.base) <= _FREE_REFS[0] and \
+        _sys.getrefcount(block.view) <= _FREE_REFS[1]
+
+
+def _free_refs():
+    """The counts _is_free reads for a block nobody uses (its base, its handed-out array):
+    calibrated, since CPython versions count references on the stack differently.
+    (-1, -1), never free, where reference counts mean nothing."""
     if _sys.implementation.name != "cpython":
-        return -1
-    for base, _addr in [(np.empty(1), 0)]:
-        return _refs(base)
-    return -1
+        return (-1, -1)
+    block = _Block(64 + HostPool.ALIGN)
+    block.view = _view(block, (16,), np.float32, 64)
+    return (_sys.getrefcount(block.base), _sys.getrefcount(block.view))
 
 
 _FREE_REFS = _free_refs()

@@ -86,3 +86,15 @@ def test_pool_can_be_turned_off():
     finally:
         config.set_flag("HYBRID_HOST_POOL_MB", old)
     assert host_pool() is not None
+
+
+def test_reused_array_is_writeable_and_shaped_as_asked():
+    pool = HostPool(1 << 30)
+    a, addr = pool.empty((10, 100), np.float32, 4000)
+    a.flags.writeable = False  # what a caller did with the last array of this block
+    del a
+    b, addr_b = pool.empty((10, 100), np.float32, 4000)
+    assert addr_b == addr and b.flags.writeable
+    del b
+    c, addr_c = pool.empty((1000,), np.int32, 4000)
+    assert addr_c == addr and c.shape == (1000,) and c.dtype == np.int32

@@ -92,6 +92,9 @@ class NativeRun:
             outs = self._fill(io, inputs, keep)
             arena, aptr = aligned_empty((max(self.arena_bytes, 1),), np.uint8)
             self.cfunc(ctypes.addressof(io), aptr)
+        return self._results(outs, inputs, params)
+
+    def _results(self, outs, inputs, params):
         if self.plain:  # every result is a fresh output slot, in order
             return outs
         res = []
@@ -115,6 +118,13 @@ class NativeRun:
                 a = self._prep(a, want)
                 keep.append(a)
             io[pos] = data_address(a)
+        outs = self._outputs(io)
+        for pos, src in self.aliases:
+            io[pos] = io[src]
+        return outs
+
+    def _outputs(self, io):
+        """Fresh output arrays, their addresses written into pointer table ``io``."""
         outs = []
         pool = host_pool()
         for pos, _, (shape, dt), nbytes in self.outs:
@@ -126,8 +136,6 @@ class NativeRun:
             else:
                 a, io[pos] = aligned_empty(shape, dt)
             outs.append(a)
-        for pos, src in self.aliases:
-            io[pos] = io[src]
         return outs
 
     def _bind_params(self, params):
