@@ -3,6 +3,11 @@ and PyTorch / JAX when they are importable in this environment.
 
     python benchmarks/bench_llvm.py            # HYBRID_SMOKE=1 for a quick pass
 
+Each framework is measured in a process of its own, one after another (``--part hybrid``,
+``numpy``, ``torch``, ``jax``), as PERF.md measured the peers: a framework's worker threads
+(OpenMP's and XLA's spin for a while after their last job) never take cores from the next
+one's measurement. The parent prints one table.
+
 A. the book's MLP forward, batch 1 and 64 (µs/call, 1000 calls then one sync)
 C. training step at batch 256: MLP 784-256-10 and LeNet (ms/step)
 D. y = tanh(x*a + b) * sigmoid(x) + 1 on 4,194,304 float32 (ms; GB/s vs memory copy)
@@ -25,10 +30,13 @@ from hybrid.nn import models
 
 SMOKE = bool(hb.config.get("HYBRID_SMOKE"))
 REPS = 3
+PARTS = ("hybrid", "numpy", "torch", "jax")
+PART = "hybrid"  # the framework this process measures (--part)
 
 
 def timeit(fn, n, sync=hb.waitall):
-    fn()
+    for _ in range(n):  # warm-up, one untimed repetition: JIT compiles, caches, thread pools,
+        fn()            # buffer pools and running averages settle (PERF.md: "after warm-up")
     sync()
     runs = []
     for _ in range(REPS):
@@ -48,6 +56,8 @@ def book_mlp():
 
 
 def _torch():
+    if PART != "torch":
+        return None
     try:
         import torch  # noqa: PLC0415
         return torch
@@ -56,6 +66,8 @@ def _torch():
 
 
 def _jax():
+    if PART != "jax":
+        return None
     try:
         import jax  # noqa: PLC0415
         return jax
@@ -63,16 +75,24 @@ def _jax():
         return None
 
 
+def _installed(name) -> bool:
+    import importlib.util  # noqa: PLC0415
+    return importlib.util.find_spec(name) is not None
+
+
 # ------------------------------------------------------------------------- A
 def bench_mlp(rows):
     n = 100 if SMOKE else 1000
     for bs in (1, 64):
+        hb.random.seed(bs)
         x = hb.random.normal(size=(bs, 512))
         res = {}
         net = book_mlp()
-        res["hybrid eager"] = timeit(lambda: net(x), n)
-        net.hybridize(backend="llvm")
-        res["hybrid llvm"] = timeit(lambda: net(x), n)
+        net(x)  # deferred initialization: every part reads the same weights
+        if PART == "hybrid":
+            res["hybrid eager"] = timeit(lambda: net(x), n)
+            net.hybridize(backend="llvm")
+            res["hybrid llvm"] = timeit(lambda: net(x), n)
         w = [p.data().asnumpy() for p in net.collect_params().values()]
         xn = x.asnumpy()
 
@@ -80,7 +100,8 @@ def bench_mlp(rows):
             h = np.maximum(xn @ w[0].T + w[1], 0)
             h = np.maximum(h @ w[2].T + w[3], 0)
             return h @ w[4].T + w[5]
-        res["numpy"] = timeit(np_mlp, n, sync=lambda: None)
+        if PART == "numpy":
+            res["numpy"] = timeit(np_mlp, n, sync=lambda: None)
         torch = _torch()
         if torch is not None:
             tnet = torch.nn.Sequential(torch.nn.Linear(512, 256), torch.nn.ReLU(),
@@ -114,7 +135,7 @@ def bench_train(rows):
         hb.random.seed(0)
         x = hb.random.normal(size=(256, 1, 28, 28))
         y = hb.array(np.arange(256) % 10, dtype="int32")
-        for mode in ("eager", "llvm"):
+        for mode in ("eager", "llvm") if PART == "hybrid" else ():
             net = models.mlp(num_outputs=10) if name == "mlp" else models.lenet()
             net.initialize(hb.init.Xavier())
             net(x)
@@ -229,19 +250,18 @@ def bench_chain(rows):
     def chain(x, a, b):
         return hb.tanh(x * a + b) * hb.sigmoid(x) + 1
     x, a, b = hb.array(xn), hb.array(an), hb.array(bn)
-    t = timeit(lambda: chain(x, a, b), reps)
-    rows.append(("D. ewise chain 4M", "hybrid llvm (1 kernel)", t * 1e3, "ms"))
-    rows.append(("D. ewise chain 4M", "numpy", timeit(
-        lambda: np.tanh(xn * an + bn) / (1 + np.exp(-xn)) + 1, reps, sync=lambda: None) * 1e3,
-        "ms"))
-    src = np.empty(32 << 20, np.float64)
-    dst = np.empty_like(src)
-    tc = timeit(lambda: np.copyto(dst, src), 5, sync=lambda: None)
-    copy_gbs = 2 * src.nbytes / tc / 1e9
-    chain_gbs = 4 * xn.nbytes / t / 1e9
-    rows.append(("F. memory copy 256 MiB", "numpy copyto", copy_gbs, "GB/s"))
-    rows.append(("D. ewise chain 4M", "achieved (3 reads + 1 write)", chain_gbs,
-                 f"GB/s ({100 * chain_gbs / copy_gbs:.0f}% of copy)"))
+    if PART == "hybrid":
+        t = timeit(lambda: chain(x, a, b), reps)
+        rows.append(("D. ewise chain 4M", "hybrid llvm (1 kernel)", t * 1e3, "ms"))
+    if PART == "numpy":
+        rows.append(("D. ewise chain 4M", "numpy", timeit(
+            lambda: np.tanh(xn * an + bn) / (1 + np.exp(-xn)) + 1, reps,
+            sync=lambda: None) * 1e3, "ms"))
+        src = np.empty(32 << 20, np.float64)
+        dst = np.empty_like(src)
+        tc = timeit(lambda: np.copyto(dst, src), 5, sync=lambda: None)
+        rows.append(("F. memory copy 256 MiB", "numpy copyto", 2 * src.nbytes / tc / 1e9,
+                     "GB/s"))
     torch = _torch()
     if torch is not None and hasattr(torch, "compile"):
         tx, ta, tb = (torch.from_numpy(v) for v in (xn, an, bn))
@@ -267,6 +287,8 @@ print(time.perf_counter() - t0)
 
 
 def bench_compile(rows):
+    if PART != "hybrid":
+        return
     with tempfile.TemporaryDirectory() as cache:
         env = dict(os.environ, HYBRID_CACHE_DIR=cache)
         for name in ("mlp", "lenet"):
@@ -280,13 +302,57 @@ def bench_compile(rows):
                              float(out.stdout.split()[-1]) * 1e3, "ms"))
 
 
-def main():
+def _achieved(rows):
+    """The chain's bandwidth against the copy floor, both measured in this run."""
+    vals = {(w, v): val for w, v, val, _ in rows}
+    t = vals.get(("D. ewise chain 4M", "hybrid llvm (1 kernel)"))
+    copy_gbs = vals.get(("F. memory copy 256 MiB", "numpy copyto"))
+    if t and copy_gbs:
+        n = 1 << (16 if SMOKE else 22)
+        gbs = 4 * 4 * n / (t * 1e-3) / 1e9
+        rows.append(("D. ewise chain 4M", "achieved (3 reads + 1 write)", gbs,
+                     f"GB/s ({100 * gbs / copy_gbs:.0f}% of copy)"))
+
+
+ORDER = ("A. MLP b1", "A. MLP b64", "D. ewise chain 4M", "F. memory copy 256 MiB",
+         "C. mlp train b256", "C. lenet train b256", "E. first call mlp (predict)",
+         "E. first call lenet (predict)")
+
+
+def measure_part() -> list:
     rows = []
     for bench in (bench_mlp, bench_chain, bench_train, bench_compile):
         bench(rows)
-    print(f"\nhybrid benchmarks (load average {os.getloadavg()[0]:.1f}; "
-          f"torch {'yes' if _torch() else 'not installed'}, "
-          f"jax {'yes' if _jax() else 'not installed'})")
+    return rows
+
+
+def main(argv=None):
+    import argparse  # noqa: PLC0415
+    import json  # noqa: PLC0415
+    global PART
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--part", choices=PARTS, help="measure one framework and print JSON rows")
+    args = ap.parse_args(argv)
+    if args.part:
+        PART = args.part
+        print(json.dumps(measure_part()))
+        return None
+    rows = []
+    for part in PARTS:
+        if part in ("torch", "jax") and not _installed(part):
+            continue
+        out = subprocess.run([sys.executable, __file__, "--part", part], capture_output=True,
+                             text=True, timeout=1800)
+        if out.returncode != 0:
+            rows.append(("(failed)", part, float("nan"), out.stderr.strip()[-300:]))
+            continue
+        rows.extend(tuple(r) for r in json.loads(out.stdout.strip().splitlines()[-1]))
+    _achieved(rows)
+    rank = {w: i for i, w in enumerate(ORDER)}
+    rows.sort(key=lambda r: rank.get(r[0], len(ORDER)))  # stable: parts in order per row
+    print(f"\nhybrid benchmarks (load average {os.getloadavg()[0]:.1f}; each framework in its "
+          f"own process; torch {'yes' if _installed('torch') else 'not installed'}, "
+          f"jax {'yes' if _installed('jax') else 'not installed'})")
     print(f"{'workload':32s} {'variant':30s} {'value':>10s}  unit")
     for w, v, val, unit in rows:
         print(f"{w:32s} {v:30s} {val:10.2f}  {unit}")

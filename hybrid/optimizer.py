@@ -11,6 +11,8 @@ sets ``rescale_grad`` to 1 / batch_size.
 """
 from __future__ import annotations
 
+import functools
+
 import math
 
 from .ndarray import NDArray, clip, sqrt, square, zeros
@@ -151,10 +153,7 @@ class Optimizer:
     def fusable(self) -> bool:
         """Whether this optimizer's update may run as one compiled step: its rule is written
         with ``_rule`` (not a hand-written ``_update_one``) and fusion is not turned off."""
-        cls = type(self)
-        return self.use_fused_step is not False and cls._rule is not Optimizer._rule and \
-            all(getattr(cls, m) is getattr(Optimizer, m)  # no hand-written step logic
-                for m in ("_update_one", "update", "coefficients"))
+        return self.use_fused_step is not False and _rule_only(type(self))
 
     def _update_one(self, index, weight, grad, state, lr, wd, t):
         self._rule(weight, grad, state, self.coefficients(index, lr, wd, t))
@@ -369,3 +368,11 @@ class AdaGrad(Optimizer):
             g = g + c.wd * weight
         h[:] = h + square(g)
         weight[:] = weight - c.lr * g / (sqrt(h) + self.epsilon)
+
+
+@functools.cache
+def _rule_only(cls) -> bool:
+    """Whether ``cls`` writes its update as ``_rule`` alone (no hand-written step logic)."""
+    return cls._rule is not Optimizer._rule and \
+        all(getattr(cls, m) is getattr(Optimizer, m)
+            for m in ("_update_one", "update", "coefficients"))

@@ -206,8 +206,11 @@ class Trainer:
             yield i, p
 
     def _freshness(self) -> dict:
-        return {i: [a.grad._buf is not p._stale.get(a.device) for a in p._data]
-                for i, p in self._trainable()}
+        out = {}
+        for i, p in self._trainable():
+            stale = p._stale
+            out[i] = [a.grad._buf is not stale.get(a.device) for a in p._data]
+        return out
 
     def allreduce_grads(self):
         """Sum each parameter's gradients over its devices (and workers, for dist stores)
@@ -244,20 +247,21 @@ class Trainer:
         self._optimizer.rescale_grad = self._scale / (batch_size * self._workers)
         todo = []
         for i, p in self._trainable():
-            flags = fresh.get(i, [True] * len(p._data))
-            if not all(flags):
+            flags = fresh.get(i)
+            if flags is not None and not all(flags):
                 if ignore_stale_grad:
                     continue
                 self._stale_error(i, p, flags)
-            todo.append((i, p))
+            todo.append((i, p, p._data))
         with eager_scope():
             items = []
-            for i, p in todo:
-                states = self._states.get(i)
-                if states is None or len(states) != len(p._data):
-                    states = self._states[i] = [self._optimizer.create_state(i, w)
-                                                for w in p._data]
-                items.append((i, p._data, [a.grad for a in p._data], states))
+            all_states = self._states
+            for i, _, data in todo:
+                states = all_states.get(i)
+                if states is None or len(states) != len(data):
+                    states = all_states[i] = [self._optimizer.create_state(i, w)
+                                              for w in data]
+                items.append((i, data, [a.grad for a in data], states))
             if self._fused is None or self._fused.optimizer is not self._optimizer:
                 self._fused = FusedUpdate(self._optimizer)
             if self._fused.available():
@@ -265,8 +269,8 @@ class Trainer:
             else:
                 for item in items:
                     self._optimizer.update(*item)
-            for i, p in todo:
-                p._stale = {a.device: a.grad._buf for a in p._data}
+            for _, p, data in todo:
+                p._stale = {a.device: a.grad._buf for a in data}
 
     # ------------------------------------------------------------ states
     def save_states(self, fname):

@@ -97,7 +97,9 @@ _unary("sigmoid", _sigmoid_impl,
        doc="1 / (1 + exp(-x))")
 _unary("relu", lambda xp, x: xp.maximum(x, 0).astype(x.dtype, copy=False),
        lambda b, x: b.max(x, b.const(0)),
-       lambda F, i, out, g: (F.where(F.gt(i[0], 0), g, 0.0),), doc="max(x, 0)")
+       # written with the output (y > 0 exactly where x > 0): a training graph then keeps y,
+       # which the next layer reads anyway, and the pre-activation fuses away
+       lambda F, i, out, g: (F.where(F.gt(out, 0), g, 0.0),), doc="max(x, 0)")
 _unary("erf", lambda xp, x: _erf(xp, x), lambda b, x: b.erf(x),
        lambda F, i, out, g: (F.mul(g, F.mul(F.exp(F.neg(F.square(i[0]))),
                                             2.0 / math.sqrt(math.pi))),), float_out=True)
