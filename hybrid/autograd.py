@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import contextlib
 
+import numpy as np
+
 from compiler.ops import REGISTRY
 
 from . import _state
-from .ndarray import F, NDArray, ones_like
+from .ndarray import F, NDArray, _from_numpy, ones_like
 
 
 class _Node:
@@ -145,6 +147,14 @@ def _accumulate(store, key, g, holder=None):
     store[key] = (holder, g) if cur is None else (holder, cur[1] + g)
 
 
+def _head_grad(h):
+    """The default head gradient, ones: on a CPU device made here, computed at once (as an
+    engine op it would queue behind the forward whose backward it seeds)."""
+    if h.device.kind == "cpu":
+        return _from_numpy(np.ones(h.shape, dtype=h._dtype), h.device)
+    return ones_like(h)
+
+
 def backward(heads, head_grads=None, retain_graph: bool = False, train_mode: bool = True):
     """Accumulate d(sum of heads * head_grads)/d(leaf) into every leaf's ``.grad``."""
     heads = list(heads)
@@ -161,7 +171,7 @@ def backward(heads, head_grads=None, retain_graph: bool = False, train_mode: boo
             if hg is not None and tuple(hg.shape) != h.shape:
                 raise ValueError(f"backward: the head gradient has shape {tuple(hg.shape)}, "
                                  f"but its head has shape {h.shape}")
-            g = ones_like(h) if hg is None else hg
+            g = _head_grad(h) if hg is None else hg
             if h._node is not None:
                 _accumulate(grads, (id(h._node[0]), h._node[1]), g)
             else:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import sys
 from functools import partial as _partial
 
 import numpy as np
@@ -240,8 +241,9 @@ class NDArray:
         return out
 
     def backward(self, out_grad=None, retain_graph: bool = False, train_mode: bool = True):
-        from . import autograd  # noqa: PLC0415 - autograd imports this module
-        autograd.backward([self], [out_grad], retain_graph=retain_graph, train_mode=train_mode)
+        # autograd imports this module; hybrid/__init__ imports autograd (a look-up, no import)
+        sys.modules["hybrid.autograd"].backward([self], [out_grad], retain_graph=retain_graph,
+                                                train_mode=train_mode)
 
     # ------------------------------------------------------------ operators
     def __add__(self, o): return apply("add", (self, o), {})

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import sys
 import threading
 from time import thread_time
 
@@ -641,7 +642,7 @@ def _training(entry, device, needs):
 
 
 def _run_training(entry, inputs, handles, device, name):
-    from .autograd import record_custom  # noqa: PLC0415
+    record_custom = sys.modules["hybrid.autograd"].record_custom  # imported by hybrid/__init__
     needs = tuple(_needs_grad(a) for a in inputs) + tuple(_needs_grad(h) for h in handles)
     tg, fwd, bwd, wrt_in, wrt_par = _training(entry, device, needs)
     outs = _push(fwd, device, [a._buf for a in inputs], [h._buf for h in handles],

@@ -12,6 +12,7 @@ import threading
 
 import numpy as np
 
+from .config import get as _config_get
 from .engine import Var
 
 
@@ -122,9 +123,9 @@ _pool: dict = {}
 
 
 def host_pool() -> HostPool | None:
-    """The process's host pool (None when HYBRID_HOST_POOL_MB is 0)."""
-    from . import config  # noqa: PLC0415
-    mb = config.get("HYBRID_HOST_POOL_MB")
+    """The process's host pool (None when HYBRID_HOST_POOL_MB is 0). Called per compiled
+    call: one flag look-up, no import."""
+    mb = _config_get("HYBRID_HOST_POOL_MB")
     pool = _pool.get(mb)
     if pool is None and mb > 0:
         pool = _pool.setdefault(mb, HostPool(mb * (1 << 20)))
