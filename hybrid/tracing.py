@@ -550,14 +550,24 @@ def _push(exe, device, in_bufs, param_bufs, out_specs, name):
         res = exe(xp, [b.data for b in in_bufs], [b.data for b in param_bufs])
         for ob, r in zip(out_bufs, res):
             ob.data = r
-        # a running average decides whether later calls may run inline (no thread hand-off)
-        timing["avg_us"] = 0.8 * timing.get("avg_us", 1e3) + 0.2e6 * (thread_time() - t0)
+        # decides whether later calls may run inline (no thread hand-off)
+        _note_cost(timing, thread_time() - t0)
 
     _engine_mod.get_engine().push(
         run, tuple(b.var for b in in_bufs) + tuple(b.var for b in param_bufs),
         tuple(b.var for b in out_bufs), device, name,
         user_frame(), timing.get("avg_us", 1e3) < _INLINE_US)
     return outs
+
+
+def _note_cost(timing: dict, seconds: float):
+    """Update a compiled call's cost estimate (``avg_us``), which decides whether it runs
+    in the caller. A decayed minimum, not a mean: a sample inflated by a busy core (a pool
+    thread preempted while the caller waits for its chunk) must not flip a quick call onto
+    the engine path, where hand-offs keep inflating the samples (measured: 13 -> 32 us per
+    batch-1 call, stuck). A call that really got slower still moves up, 10% per sample."""
+    us = seconds * 1e6
+    timing["avg_us"] = min(us, 1.1 * timing.get("avg_us", us))
 
 
 def run_direct(exe, device, in_bufs, param_bufs):
@@ -591,7 +601,7 @@ def run_direct(exe, device, in_bufs, param_bufs):
     except Exception:  # noqa: BLE001 - re-run through the engine, which reports it
         return None
     if sample:
-        timing["avg_us"] = 0.8 * timing["avg_us"] + 0.2e6 * (thread_time() - t0)
+        _note_cost(timing, thread_time() - t0)
     return [NDArray(Buffer(r), s.shape, s.dtype, device) for r, s in zip(res, exe.out_specs)]
 
 

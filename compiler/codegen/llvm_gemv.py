@@ -17,7 +17,7 @@ from llvmlite import ir
 from runtime import native
 
 from .llvm import for_range
-from .llvm_scalar import F32, F64, I64
+from .llvm_scalar import F32, F64, I32, I64, PTR
 
 # Up to this many weights the loop stays in cache and single-threaded; bigger products call
 # BLAS, which splits them across the device's threads.
@@ -29,6 +29,7 @@ ROWS = 8  # rows per block: independent FMA chains (latency 4 x 2 ports)
 # call, never a wait.
 GEMV_PARALLEL_MIN = 1 << 16
 GEMV_CHUNKS = 4
+PREFETCH_AHEAD = 256  # bytes of each row read ahead into L1 (software prefetch: ~10% here)
 
 
 def _isize(dt):
@@ -69,6 +70,7 @@ def gemv_rows(eb, dt, n, k, x, w, ldw, y, accumulate, part=None):
     sfx = f"v{lanes}{'f32' if dt == 'float32' else 'f64'}"
     fma = eb.mb.intr.get(f"llvm.fma.{sfx}", vty, [vty, vty, vty])
     hsum = eb.mb.intr.get(f"llvm.vector.reduce.fadd.{sfx}", fty, [fty, vty])
+    prefetch = eb.mb.intr.get("llvm.prefetch.p0", ir.VoidType(), [PTR, I32, I32, I32])
     kv = k - k % lanes
     zero = ir.Constant(vty, [0.0] * lanes)
 
@@ -90,7 +92,14 @@ def gemv_rows(eb, dt, n, k, x, w, ldw, y, accumulate, part=None):
                 phis.append(ph)
             xv = b.load(eb.gep(x, dt, kk), typ=vty, align=_isize(dt))
             new = []
+            ahead = eb.add(kk, eb.c(PREFETCH_AHEAD // _isize(dt)))
             for base, ph in zip(bases, phis):
+                if PREFETCH_AHEAD:
+                    # not inbounds: the address may run past the weights (a prefetch
+                    # never faults)
+                    at = b.gep(w, [eb.add(base, ahead)], source_etype=fty)
+                    b.call(prefetch, [at, ir.Constant(I32, 0), ir.Constant(I32, 3),
+                                      ir.Constant(I32, 1)])
                 wv = b.load(eb.gep(w, dt, eb.add(base, kk)), typ=vty, align=_isize(dt))
                 new.append(b.call(fma, [xv, wv, ph]))
             nxt = b.add(kk, eb.c(lanes))
