@@ -29,7 +29,7 @@ from hybrid import autograd, loss, nn
 from hybrid.nn import models
 
 SMOKE = bool(hb.config.get("HYBRID_SMOKE"))
-REPS = 3
+REPS = 5
 PARTS = ("hybrid", "numpy", "torch", "jax")
 PART = "hybrid"  # the framework this process measures (--part)
 

@@ -164,3 +164,20 @@ def test_a_block_without_inputs_can_be_called_again():
         out = net()
         out.wait_to_read()
     np.testing.assert_array_equal(out.asnumpy(), np.full(3, 2, np.float32))
+
+
+def test_cost_estimate_ignores_outliers_but_follows_a_real_slowdown():
+    """The direct-call decision (a call under _INLINE_US runs in the caller): a few samples
+    inflated by a busy core must not flip a quick call onto the engine path; a call that
+    really became slow must leave it."""
+    from hybrid.tracing import _INLINE_US, _note_cost
+    timing = {}
+    _note_cost(timing, 12e-6)
+    for _ in range(3):
+        _note_cost(timing, 300e-6)  # preempted: a spike
+    assert timing["avg_us"] < _INLINE_US
+    _note_cost(timing, 11e-6)
+    assert timing["avg_us"] == 11.0
+    for _ in range(40):
+        _note_cost(timing, 500e-6)  # really slow now
+    assert timing["avg_us"] >= _INLINE_US
