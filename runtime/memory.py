@@ -68,11 +68,24 @@ class HostPool:
                     return view, block.addr
             block = _Block(nbytes + self.ALIGN)
             view = _view(block, shape, dtype, nbytes)
-            if len(same) < self.PER_SIZE and self.held + nbytes <= self.limit:
+            if len(same) < self.PER_SIZE and (self.held + nbytes <= self.limit or
+                                              self._trim(nbytes)):
                 block.view, block.key = view, key
                 same.append(block)
                 self.held += nbytes + self.ALIGN
         return view, block.addr
+
+    def _trim(self, nbytes: int) -> bool:
+        """Drop free blocks of other sizes, largest first, until ``nbytes`` more fit under
+        the limit (what an earlier workload left must not keep this one unpooled)."""
+        for size in sorted(self.blocks, reverse=True):
+            same = self.blocks[size]
+            keep = [block for block in same if not _is_free(block)]
+            self.held -= (len(same) - len(keep)) * (size + self.ALIGN)
+            same[:] = keep
+            if self.held + nbytes <= self.limit:
+                return True
+        return False
 
     def release(self) -> int:
         """Drop the blocks nothing refers to (like torch.cuda.empty_cache); bytes freed."""

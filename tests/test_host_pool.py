@@ -98,3 +98,19 @@ def test_reused_array_is_writeable_and_shaped_as_asked():
     del b
     c, addr_c = pool.empty((1000,), np.int32, 4000)
     assert addr_c == addr and c.shape == (1000,) and c.dtype == np.int32
+
+
+def test_free_blocks_of_another_size_make_room():
+    """Blocks a finished workload left must not keep the next one unpooled."""
+    pool = HostPool(2 * (8000 + HostPool.ALIGN))
+    old = [pool.empty((1000,), np.float64, 8000)[0] for _ in range(2)]
+    assert pool.held == 2 * (8000 + HostPool.ALIGN)
+    del old  # free now: the next size may take their room
+    a, _ = pool.empty((500,), np.float64, 4000)
+    assert 4000 in pool.blocks and len(pool.blocks[4000]) == 1
+    assert pool.held <= pool.limit
+    live = pool.empty((500,), np.float64, 4000)[0], a  # noqa: F841 - both in use
+    stuck = HostPool(8000 + HostPool.ALIGN)
+    keep = stuck.empty((1000,), np.float64, 8000)[0]  # noqa: F841 - in use: cannot go
+    stuck.empty((500,), np.float64, 4000)
+    assert 4000 not in stuck.blocks or not stuck.blocks[4000]
