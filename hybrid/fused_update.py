@@ -13,7 +13,7 @@ import numpy as np
 from runtime import config
 
 from . import tracing
-from .ndarray import NDArray, array
+from .ndarray import NDArray, _from_numpy
 from .optimizer import Coefs
 
 _log = config.logger("compile")
@@ -33,31 +33,36 @@ class FusedUpdate:
         in each list; the same bookkeeping as ``Optimizer.update``, then one compiled call per
         (device, dtype) group."""
         opt = self.optimizer
+        static = opt.static_key()  # once per step: hyper-parameters may change between steps
         groups: dict = {}
         for index, weights, grads, states in items:
             t = opt._count(index)
             lr, wd = opt._lr_wd(index)
             c = opt.coefficients(index, lr, wd, t)
             for w, g, s in zip(weights, grads, states):
-                groups.setdefault((w.device, w._dtype), []).append((w, g, s, c))
+                key = (w.device, w._dtype)
+                members = groups.get(key)
+                if members is None:
+                    members = groups[key] = []
+                members.append((w, g, s, c))
         for (device, dtype), members in groups.items():
-            self._run_group(device, dtype, members)
+            self._run_group(device, dtype, members, static)
 
-    def _run_group(self, device, dtype, members):
+    def _run_group(self, device, dtype, members, static):
         opt = self.optimizer
         names = tuple(members[0][3].values)
         flags = tuple((c.wd_on, c.rescale_on) for *_, c in members)
         states = [m[2] for m in members]
         layouts = tuple(_layout(s) for s in states)
-        key = (opt.static_key(), names, flags, layouts)
+        key = (static, names, flags, layouts)
         if key in self._broken:
             return _eager(opt, members)
         fn = self._fns.get(key)
         if fn is None:
             fn = self._fns[key] = tracing.HybridFunction(
                 _traced_rule(opt, names, flags, layouts))
-        coefs = array(np.array([[c.values[n] for n in names] for *_, c in members]),
-                      dtype=dtype, device=device)
+        coefs = _from_numpy(np.array([[c.values[n] for n in names] for *_, c in members],
+                                     dtype=dtype), device)
         ws = [m[0] for m in members]
         leaves = [a for s in states for a in _leaves(s)]
         try:  # flat positional arrays in and out: the compiled call's fast path
