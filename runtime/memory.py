@@ -59,12 +59,15 @@ class HostPool:
             same = self.blocks.get(nbytes)
             if same is None:
                 same = self.blocks[nbytes] = []
-            for block in same:
+            for i, block in enumerate(same):
                 if _is_free(block):
                     view = block.view
                     if block.key != key or not view.flags.writeable:
                         view = block.view = _view(block, shape, dtype, nbytes)
                         block.key = key
+                    if i + 1 < len(same):  # least recently handed out first: the next scan
+                        del same[i]        # meets blocks freed long ago, not ones in use
+                        same.append(block)
                     return view, block.addr
             block = _Block(nbytes + self.ALIGN)
             view = _view(block, shape, dtype, nbytes)
