@@ -75,7 +75,7 @@ PARALLEL_MIN_WORK = 1 << 23
 # the pool (spawn=False): the caller claims every chunk nobody else took, so a sleeping or
 # busy pool costs a wake-up call, never a wait or a thread start (MLP batch 64, layer 2:
 # 2.1M MACs, 29 -> ~17 us).
-POOL_MIN_WORK = 1 << 23
+POOL_MIN_WORK = 1 << 20
 SCRATCH_BUDGET = 64 << 20  # bytes of per-worker scratch, all workers together, at most
 
 
