@@ -7,6 +7,7 @@ buffers can be shared freely between arrays, gradients and executables.
 """
 from __future__ import annotations
 
+import os
 import sys as _sys
 import threading
 
@@ -135,6 +136,13 @@ def _free_refs():
 
 
 _FREE_REFS = _free_refs()
+
+
+def _after_fork_in_child():
+    """A fork copies a lock another thread may have held mid-allocation: the child starts
+    with fresh ones (the blocks themselves are the child's own copies)."""
+    for pool in _pool.values():
+        pool.lock = threading.Lock()
 _pool: dict = {}
 
 
@@ -146,3 +154,7 @@ def host_pool() -> HostPool | None:
     if pool is None and mb > 0:
         pool = _pool.setdefault(mb, HostPool(mb * (1 << 20)))
     return pool
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -114,3 +114,21 @@ def test_free_blocks_of_another_size_make_room():
     keep = stuck.empty((1000,), np.float64, 8000)[0]  # noqa: F841 - in use: cannot go
     stuck.empty((500,), np.float64, 4000)
     assert 4000 not in stuck.blocks or not stuck.blocks[4000]
+
+
+def test_pool_works_in_a_forked_child_even_if_its_lock_was_held():
+    import os
+    pool = host_pool()
+    pool.lock.acquire()  # as if another thread were allocating at fork time
+    try:
+        pid = os.fork()
+        if pid == 0:  # child: must not hang on the copied, held lock
+            try:
+                a, _ = pool.empty((1600,), np.float32, 6400)
+                os._exit(0 if a.shape == (1600,) else 1)
+            except BaseException:  # noqa: BLE001
+                os._exit(1)
+    finally:
+        pool.lock.release()
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
