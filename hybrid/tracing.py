@@ -587,12 +587,19 @@ def run_direct(exe, device, in_bufs, param_bufs):
         if d is None:
             return None
         ins.append(d)
-    ps = []
-    for b in param_bufs:
-        d = b.data
-        if d is None:
-            return None
-        ps.append(d)
+    bufs = tuple(param_bufs)
+    held = timing.get("param_data")
+    if held is not None and held[0] == bufs:  # the same buffers (identity): the same data
+        ps = held[1]
+    else:
+        ps = []
+        for b in param_bufs:
+            d = b.data
+            if d is None:
+                return None
+            ps.append(d)
+        timing["param_data"] = (bufs, ps)  # one list object: NativeRun's binding check is
+        # then a single identity test
     calls = timing["direct_calls"] = timing.get("direct_calls", 0) + 1
     sample = not calls & 15  # a compiled call's cost is steady: time one call in 16
     t0 = thread_time() if sample else 0.0

@@ -32,8 +32,10 @@ class NativeRun:
         io_slots = prog.io_slots()
         self.io = (ctypes.c_void_p * max(len(io_slots), 1))()
         self.io_addr = ctypes.addressof(self.io)
+        self._io_arg = ctypes.c_void_p(self.io_addr)  # ctypes passes these without converting
         self.arena, self.arena_ptr = aligned_empty((max(prog.arena_bytes, 1),), np.uint8)
         self.arena_bytes = prog.arena_bytes
+        self._arena_arg = ctypes.c_void_p(self.arena_ptr)
         self.lock = threading.Lock()
         self.inputs, self.params, self.outs, self.aliases = [], [], [], []
         self._keep = []
@@ -60,6 +62,7 @@ class NativeRun:
         self.plain = [tuple(r) for r in self.results] == [("slot", k)
                                                            for k in range(len(self.outs))]
         self._held = ()
+        self._held_list = None  # the params list last bound (a caller may reuse it)
         self._bound = []
         self._template = list(self.io)  # the constants' addresses, for private tables
 
@@ -77,10 +80,12 @@ class NativeRun:
         if self.lock.acquire(blocking=False):
             try:  # the shared pointer table and arena: only ever written under the lock
                 held = self._held
-                if len(held) != len(params) or any(map(is_not, params, held)):
+                if params is not self._held_list and (
+                        len(held) != len(params) or any(map(is_not, params, held))):
                     self._bind_params(params)  # parameters change only when rebound
+                self._held_list = params
                 outs = self._fill(self.io, inputs, keep)
-                self.cfunc(self.io_addr, self.arena_ptr)
+                self.cfunc(self._io_arg, self._arena_arg)
             finally:
                 self.lock.release()
         else:  # another thread runs this executable: a private pointer table and arena
