@@ -153,6 +153,10 @@ def bench_train(rows):
                 trainer.step(256)
             label = "hybrid eager" if mode == "eager" else "hybrid llvm (net + loss, fused step)"
             rows.append((f"C. {name} train b256", label, timeit(step, steps) * 1e3, "ms/step"))
+            if mode == "llvm":  # a loop that reads its loss every batch syncs every step (the
+                # peers' steps below are synchronous anyway)
+                rows.append((f"C. {name} train b256", "hybrid llvm, sync every step",
+                             timeit(lambda: (step(), hb.waitall()), steps) * 1e3, "ms/step"))
         xn, yn = x.asnumpy(), y.asnumpy()
         for label, fn in _peer_train_steps(name, xn, yn):
             rows.append((f"C. {name} train b256", label, timeit(fn, steps, sync=lambda: None)
