@@ -570,6 +570,17 @@ def _note_cost(timing: dict, seconds: float):
     timing["avg_us"] = min(us, 1.1 * timing.get("avg_us", us))
 
 
+def _computed(bufs):
+    """The buffers' arrays, or None when one is still being computed."""
+    out = []
+    for b in bufs:
+        d = b.data
+        if d is None:
+            return None
+        out.append(d)
+    return out
+
+
 def run_direct(exe, device, in_bufs, param_bufs):
     """Run a quick compiled call right here, without the engine: its inputs and parameters are
     computed already (buffers are immutable, so nothing queued can change them) and its
@@ -581,23 +592,17 @@ def run_direct(exe, device, in_bufs, param_bufs):
     timing = exe.report
     if timing.get("avg_us", 1e3) >= _INLINE_US or not _engine_mod.get_engine().inline:
         return None
-    ins = []
-    for b in in_bufs:
-        d = b.data
-        if d is None:
-            return None
-        ins.append(d)
+    ins = _computed(in_bufs)
+    if ins is None:
+        return None
     bufs = tuple(param_bufs)
     held = timing.get("param_data")
     if held is not None and held[0] == bufs:  # the same buffers (identity): the same data
         ps = held[1]
     else:
-        ps = []
-        for b in param_bufs:
-            d = b.data
-            if d is None:
-                return None
-            ps.append(d)
+        ps = _computed(param_bufs)
+        if ps is None:
+            return None
         timing["param_data"] = (bufs, ps)  # one list object: NativeRun's binding check is
         # then a single identity test
     calls = timing["direct_calls"] = timing.get("direct_calls", 0) + 1
