@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import hybrid as hb
-from hybrid import nn, tracing
+from hybrid import autograd, nn, tracing
 from hybrid.ndarray import NDArray
 from runtime import engine
 from runtime.memory import Buffer
@@ -181,3 +181,29 @@ def test_cost_estimate_ignores_outliers_but_follows_a_real_slowdown():
     for _ in range(40):
         _note_cost(timing, 500e-6)  # really slow now
     assert timing["avg_us"] >= _INLINE_US
+
+
+def test_direct_calls_follow_each_training_step():
+    """The direct path reuses its parameter data while the parameter buffers are the same
+    objects: every optimizer step rebinds them, and the next prediction must see it."""
+    from hybrid import loss
+    net = nn.HybridSequential()
+    net.add(nn.Dense(64, activation="relu"), nn.Dense(3))
+    net.initialize()
+    x = hb.random.normal(size=(1, 20))
+    xb = hb.random.normal(size=(32, 20))
+    yb = hb.array(np.arange(32) % 3, dtype="int32")
+    net(x)
+    net.hybridize(backend="llvm")
+    lf = loss.SoftmaxCrossEntropyLoss()
+    tr = hb.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.5})
+    for _ in range(30):
+        with autograd.record():
+            l = lf(net(xb), yb)
+        l.backward()
+        tr.step(32)
+        for _ in range(3):  # quick calls: the direct path once its cost is known
+            y = net(x).asnumpy()
+        w = [p.data().asnumpy() for p in net.collect_params().values()]
+        ref = np.maximum(x.asnumpy() @ w[0].T + w[1], 0) @ w[2].T + w[3]
+        np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-5)
