@@ -48,6 +48,9 @@ class EngineUnusable(RuntimeError):
     """The engine cannot run ops in this process (for example after fork with work pending)."""
 
 
+SPIN_WAIT = 100e-6  # seconds a sync point polls for the last op in flight before it sleeps
+
+
 class Var:
     """A dependency tag for one value (an array's buffer)."""
 
@@ -354,6 +357,16 @@ class Engine:
         deadline = time.monotonic() + timeout
         self._waiters += counted
         try:
+            if not ready() and self._inflight <= 1:
+                # one op left (often a step's last, short one): a sleeping thread wakes ~50 us
+                # after the notify on a VM, so poll a little first, the lock released
+                self._lock.release()
+                try:
+                    t_end = time.perf_counter() + SPIN_WAIT
+                    while not ready() and time.perf_counter() < t_end:
+                        time.sleep(0)
+                finally:
+                    self._lock.acquire()
             while not ready():
                 left = deadline - time.monotonic()
                 if left <= 0:
