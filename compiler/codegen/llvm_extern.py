@@ -47,6 +47,7 @@ from .llvm import MAX_THREADS, emit_parallel_driver, for_range, kernel_function
 from .llvm_gemv import (GEMV_CHUNKS, GEMV_PARALLEL_MIN, ROWS as GEMV_ROWS, gemv_applies,
                         gemv_rows, gemv_workers)
 from .llvm_scalar import F32, F64, I32, I64, PTR, LLVMScalarBuilder, mem_type, reg_type
+from .llvm_sgemm import emit_sgemm, pack_bytes, panels, sgemm_applies, tile_rows
 from .scalar import FLOATS, Typed
 
 CBLAS_ROW_MAJOR, CBLAS_NO_TRANS, CBLAS_TRANS = 101, 111, 112
@@ -177,6 +178,10 @@ def conv_plan(op, g, dt):
 
 
 def scratch_bytes(op, attrs, in_specs, out_specs) -> int:
+    if op == "matmul":
+        plan = matmul_plan([s.shape for s in in_specs], [s.dtype for s in in_specs],
+                           out_specs[0].dtype, attrs)
+        return plan.workers * plan.lay.size if plan is not None else 0
     if op in ("conv2d", "conv2d_grad_data", "conv2d_grad_weight"):
         x_shape = out_specs[0].shape if op == "conv2d_grad_data" else in_specs[0].shape
         w_shape = out_specs[0].shape if op == "conv2d_grad_weight" else in_specs[1].shape
@@ -318,6 +323,9 @@ class EB:
             if not accumulate:
                 with for_range(self.b, m) as i:
                     self.fill(self.gep(cp, dt, self.mul(i, ldc)), dt, n, 0)
+            return
+        if not tb and a_dt == dt and b_dt == dt and sgemm_applies(dt, m, n, k):
+            emit_sgemm(self, ta, tb, m, n, k, a, lda, bp, ldb, cp, ldc, accumulate)
             return
         if dt in ("float32", "float64") and a_dt == dt and b_dt == dt:
             self._blas_gemm(dt, ta, tb, m, n, k, a, lda, bp, ldb, cp, ldc, accumulate)
@@ -489,6 +497,10 @@ def _matmul(eb: EB, step, attrs):
             gemv_applies(m, n, k, ta, tb):
         _gemv(eb, C.dtype, n, k, sa, sbb, so, ldb)
         return
+    plan = matmul_plan([A.shape, B.shape], [A.dtype, B.dtype], C.dtype, attrs)
+    if plan is not None:
+        _sgemm(eb, step, plan, ta, tb, m, n, k, lda, ldb)
+        return
     # one GEMM: workers take rows of C, columns when C is wide, or square with B transposed
     # (a Dense layer's x @ W.T: each worker then packs only its rows of W; 5-7% faster)
     rows = m > n or (m == n and not tb)
@@ -506,6 +518,54 @@ def _matmul(eb: EB, step, attrs):
                    e.slot_ptr(sbb, e.mul(lo, ldb) if tb else lo), ldb, e.slot_ptr(so, lo), n,
                    a_dt=A.dtype, b_dt=B.dtype)
     _parallel(eb, workers, block, spawn=work >= PARALLEL_MIN_WORK)
+
+
+class MatmulPlan:
+    """How one unbatched float32 GEMM runs as generated loops (llvm_sgemm): split by column
+    panels (by rows of tiles when C has a single panel), `workers` of them, each with `lay`
+    for its transposed panel of B."""
+
+    def __init__(self, by, units, workers, lay):
+        self.by, self.units, self.workers, self.lay = by, units, workers, lay
+
+
+def matmul_plan(in_shapes, in_dtypes, out_dtype, attrs):
+    """The MatmulPlan of a matmul extern, None where it calls BLAS (or GEMV loops). Scratch
+    sizing and emission both read it."""
+    ashape, bshape = matmul_operand_shapes(in_shapes, attrs)
+    dt = dtype_name(out_dtype)
+    if len(ashape) != 2 or len(bshape) != 2 or \
+            {dtype_name(d) for d in in_dtypes} != {dt}:
+        return None
+    ta, tb = bool(attrs.get("transpose_a")), bool(attrs.get("transpose_b"))
+    (m, k), n = ashape, bshape[-1]
+    if gemv_applies(m, n, k, ta, tb) or not sgemm_applies(dt, m, n, k):
+        return None
+    by = "cols" if panels(n) > 1 else "rows"
+    units = panels(n) if by == "cols" else max(1, m // tile_rows())
+    workers = _workers(units, m * n * k, min_work=POOL_MIN_WORK)
+    lay = _Layout()
+    if tb:
+        lay.add("pack", pack_bytes(k))
+    return MatmulPlan(by, units, workers, lay)
+
+
+def _sgemm(eb: EB, step, plan, ta, tb, m, n, k, lda, ldb):
+    """One GEMM as generated loops, its panels (or row tiles) shared among plan.workers: the
+    caller claims every share the pool has not (spawn only for long products)."""
+    sa, sbb = step.in_slots
+    so = step.out_slots[0]
+
+    def block(e, w):
+        pack = e.region(step, plan.lay, w, "pack") if tb else None
+        part = None
+        if plan.workers > 1:
+            lo, hi = _share(e, w, plan.units, plan.workers)
+            part = ("cols", lo, hi) if plan.by == "cols" else \
+                ("rows", lo, hi, e.b.icmp_signed("==", w, e.c(plan.workers - 1)))
+        emit_sgemm(e, ta, tb, m, n, k, e.slot_ptr(sa), lda, e.slot_ptr(sbb), ldb,
+                   e.slot_ptr(so), n, pack=pack, part=part)
+    _parallel(eb, plan.workers, block, spawn=m * n * k >= PARALLEL_MIN_WORK)
 
 
 def _gemv(eb: EB, dt, n, k, sa, sbb, so, ldb):
