@@ -47,7 +47,8 @@ from .llvm import MAX_THREADS, emit_parallel_driver, for_range, kernel_function
 from .llvm_gemv import (GEMV_CHUNKS, GEMV_PARALLEL_MIN, ROWS as GEMV_ROWS, gemv_applies,
                         gemv_rows, gemv_workers)
 from .llvm_scalar import F32, F64, I32, I64, PTR, LLVMScalarBuilder, mem_type, reg_type
-from .llvm_sgemm import emit_sgemm, pack_bytes, panels, sgemm_applies, tile_rows
+from .llvm_sgemm import (emit_sgemm, pack_bytes, panels, sgemm_applies, strip_bytes,
+                          tile_rows)
 from .scalar import FLOATS, Typed
 
 CBLAS_ROW_MAJOR, CBLAS_NO_TRANS, CBLAS_TRANS = 101, 111, 112
@@ -324,8 +325,8 @@ class EB:
                 with for_range(self.b, m) as i:
                     self.fill(self.gep(cp, dt, self.mul(i, ldc)), dt, n, 0)
             return
-        if not tb and a_dt == dt and b_dt == dt and sgemm_applies(dt, m, n, k):
-            emit_sgemm(self, ta, tb, m, n, k, a, lda, bp, ldb, cp, ldc, accumulate)
+        if not (ta or tb or accumulate) and a_dt == dt == b_dt and sgemm_applies(dt, m, n, k):
+            emit_sgemm(self, ta, tb, m, n, k, a, lda, bp, ldb, cp, ldc)  # no scratch: in place
             return
         if dt in ("float32", "float64") and a_dt == dt and b_dt == dt:
             self._blas_gemm(dt, ta, tb, m, n, k, a, lda, bp, ldb, cp, ldc, accumulate)
@@ -520,6 +521,12 @@ def _matmul(eb: EB, step, attrs):
     _parallel(eb, workers, block, spawn=work >= PARALLEL_MIN_WORK)
 
 
+# B's panels are copied (contiguous, one TLB page per few rows) from this many rows of A: the
+# copy is read by every row tile (at 16 x 150 @ 150 x 100, LeNet's convolution, it costs more
+# than it saves)
+SGEMM_PACK_MIN_ROWS = 32
+
+
 class MatmulPlan:
     """How one unbatched float32 GEMM runs as generated loops (llvm_sgemm): split by column
     panels (by rows of tiles when C has a single panel), `workers` of them, each with `lay`
@@ -545,8 +552,10 @@ def matmul_plan(in_shapes, in_dtypes, out_dtype, attrs):
     units = panels(n) if by == "cols" else max(1, m // tile_rows())
     workers = _workers(units, m * n * k, min_work=POOL_MIN_WORK)
     lay = _Layout()
-    if tb:
+    if tb or m >= SGEMM_PACK_MIN_ROWS:  # a thin A: copying B's panels costs more than it saves
         lay.add("pack", pack_bytes(k))
+    if ta:
+        lay.add("strips", strip_bytes(m, k))
     return MatmulPlan(by, units, workers, lay)
 
 
@@ -557,14 +566,15 @@ def _sgemm(eb: EB, step, plan, ta, tb, m, n, k, lda, ldb):
     so = step.out_slots[0]
 
     def block(e, w):
-        pack = e.region(step, plan.lay, w, "pack") if tb else None
+        pack = e.region(step, plan.lay, w, "pack") if "pack" in plan.lay.at else None
+        strips = e.region(step, plan.lay, w, "strips") if ta else None
         part = None
         if plan.workers > 1:
             lo, hi = _share(e, w, plan.units, plan.workers)
             part = ("cols", lo, hi) if plan.by == "cols" else \
                 ("rows", lo, hi, e.b.icmp_signed("==", w, e.c(plan.workers - 1)))
         emit_sgemm(e, ta, tb, m, n, k, e.slot_ptr(sa), lda, e.slot_ptr(sbb), ldb,
-                   e.slot_ptr(so), n, pack=pack, part=part)
+                   e.slot_ptr(so), n, pack=pack, strips=strips, part=part)
     _parallel(eb, plan.workers, block, spawn=m * n * k >= PARALLEL_MIN_WORK)
 
 

@@ -14,8 +14,11 @@ stays in L2 while every row tile of A streams past it.
 B transposed (the Dense layer's W (n, k)): each panel is first transposed into the worker's
 scratch (lanes x lanes blocks through shuffles, zero-padded past n), then read as above: the
 transpose reads W once, ~7% of the product at batch 64 and less at larger batches.
-A transposed (the weight gradient g^T @ x): the broadcasts read A[k, i] instead; nothing
-else changes.
+A transposed (the weight gradient g^T @ x, A stored (k, m)): A is first copied into
+MR-wide strips, strip t holding A[k, t*MR : t*MR + MR] for every k, one after another. Read in
+place, a row tile's k-th elements sit lda floats apart (1 KiB at m = 256): they fall into a
+few L1 sets and evict each other (the 256 x 256 @ 256 x 784 weight gradient: 470 us read in
+place, below OpenBLAS's 384).
 
 The sum over k runs in order for every element: results do not depend on the tiling or on
 the worker count (each element is one FMA chain).
@@ -63,6 +66,11 @@ def pack_bytes(k: int) -> int:
     return k * panel_cols() * 4
 
 
+def strip_bytes(m: int, k: int) -> int:
+    """Scratch one worker needs for A's strips (ta)."""
+    return -(-m // tile_rows()) * tile_rows() * k * 4
+
+
 def _transpose(b, rows, lanes):
     """rows: `lanes` vectors of `lanes` floats (a square block); returns its transpose, by
     log2(lanes) rounds of two-input shuffles that swap the off-diagonal halves of every block
@@ -91,15 +99,15 @@ def _transpose(b, rows, lanes):
 
 
 class _Kernel:
-    """Emission state of one GEMM: C (m x n, row stride ldc) (+)= op(A) @ op(B)."""
+    """Emission state of one GEMM: C (m x n, row stride ldc) = op(A) @ op(B)."""
 
-    def __init__(self, eb, ta, tb, m, n, k, a, lda, bp, ldb, c, ldc, accumulate, pack):
+    def __init__(self, eb, ta, tb, m, n, k, a, lda, bp, ldb, c, ldc, pack, strips):
         self.eb, self.b = eb, eb.b
         self.ta, self.tb = ta, tb
         self.m, self.n, self.k = m, n, k
         self.a, self.lda, self.bp, self.ldb, self.c, self.ldc = a, lda, bp, ldb, c, ldc
-        self.accumulate = accumulate
         self.pack = pack  # tb: scratch for one transposed panel
+        self.strips = strips  # ta: scratch for A's strips
         self.lanes = vector_lanes("float32")
         self.vty = ir.VectorType(F32, self.lanes)
         self.mr, self.nr = tile_rows(), panel_cols()
@@ -138,9 +146,19 @@ class _Kernel:
 
     # -- packing (tb) ----------------------------------------------------------------------
     def pack_panel(self, j0, cols):
-        """pack[kk * NR + c] = B[j0 + c, kk] for c < cols, 0 for cols <= c < NR."""
+        """pack[kk * NR + c] = op(B)[kk, j0 + c] for c < cols, 0 for cols <= c < NR."""
         eb, b, L, k = self.eb, self.b, self.lanes, self.k
         nblk = self.nr // L
+        if not self.tb:  # rows of the panel, one after another
+            with for_range(b, k) as kk:
+                src = eb.gep(self.bp, "float32", eb.add(eb.mul(kk, self.ldb), j0))
+                dst = eb.gep(self.pack, "float32", eb.mul(kk, self.nr))
+                for v in range(nblk):
+                    valid = min(L, cols - v * L)
+                    row = self._vload(eb.gep(src, "float32", v * L), valid) if valid > 0 \
+                        else self.zero
+                    b.store(row, eb.gep(dst, "float32", v * L), align=4)
+            return
         kfull = k - k % L
         if kfull:
             with for_range(b, kfull // L) as kb:
@@ -168,10 +186,35 @@ class _Kernel:
                 else:
                     b.store(ir.Constant(F32, 0.0), dst)
 
+    def pack_strips(self):
+        """strips[(t * k + kk) * MR + r] = A[kk, t * MR + r] (ta), zero past m."""
+        eb, b, mr, k = self.eb, self.b, self.mr, self.k
+        full, rem = self.m // mr, self.m % mr
+        sty = ir.VectorType(F32, mr)
+
+        def dst(t, kk):
+            return eb.gep(self.strips, "float32", eb.mul(eb.add(eb.mul(t, k), kk), mr))
+        if full:
+            with for_range(b, full) as t:
+                with for_range(b, k) as kk:
+                    src = eb.gep(self.a, "float32", eb.add(eb.mul(kk, self.lda), eb.mul(t, mr)))
+                    b.store(b.load(src, typ=sty, align=4), dst(t, kk), align=4)
+        if rem:
+            with for_range(b, k) as kk:
+                base = dst(eb.c(full), kk)
+                for r in range(mr):
+                    v = ir.Constant(F32, 0.0)
+                    if r < rem:
+                        src = eb.add(eb.mul(kk, self.lda), full * mr + r)
+                        v = b.load(eb.gep(self.a, "float32", src), typ=F32)
+                    b.store(v, eb.gep(base, "float32", r))
+
     # -- one tile ----------------------------------------------------------------------------
-    def tile(self, i0, rows, j0, cols):
-        """C[i0:i0+rows, j0:j0+cols] (+)= sum over k, accumulators in registers."""
+    def tile(self, it, rows, j0, cols):
+        """C[i0:i0+rows, j0:j0+cols] = sum over k (i0 = it * MR), accumulators in
+        registers."""
         eb, b, L = self.eb, self.b, self.lanes
+        i0 = eb.mul(it, self.mr)
         nv = -(-cols // L)
         valid = [min(L, cols - v * L) for v in range(nv)]
         pre = b.block
@@ -186,7 +229,7 @@ class _Kernel:
             for v in range(nv):
                 acc[r][v] = b.phi(self.vty)
                 acc[r][v].add_incoming(self.zero, pre)
-        if self.tb:  # the transposed panel: full, zero-padded rows
+        if self.pack is not None:  # the packed panel: full, zero-padded rows
             brow = eb.gep(self.pack, "float32", eb.mul(kk, self.nr))
             bv = [b.load(eb.gep(brow, "float32", v * L), typ=self.vty, align=4)
                   for v in range(nv)]
@@ -194,11 +237,16 @@ class _Kernel:
             brow = eb.gep(self.bp, "float32", eb.add(eb.mul(kk, self.ldb), j0))
             bv = [self._vload(eb.gep(brow, "float32", v * L), valid[v]) for v in range(nv)]
         new = [[None] * nv for _ in range(rows)]
+        if self.strips is not None:
+            arow = eb.gep(self.strips, "float32", eb.mul(eb.add(eb.mul(it, self.k), kk), self.mr))
         for r in range(rows):
-            i = eb.add(i0, r)
-            off = eb.add(eb.mul(kk, self.lda), i) if self.ta else \
-                eb.add(eb.mul(i, self.lda), kk)
-            av = self._splat(b.load(eb.gep(self.a, "float32", off), typ=F32))
+            if self.strips is not None:
+                ap = eb.gep(arow, "float32", r)
+            else:
+                i = eb.add(i0, r)
+                ap = eb.gep(self.a, "float32", eb.add(eb.mul(kk, self.lda), i) if self.ta else
+                            eb.add(eb.mul(i, self.lda), kk))
+            av = self._splat(b.load(ap, typ=F32))
             for v in range(nv):
                 new[r][v] = b.call(self.fma, [av, bv[v], acc[r][v]])
         nxt = b.add(kk, eb.c(1))
@@ -211,25 +259,21 @@ class _Kernel:
         for r in range(rows):
             crow = eb.gep(self.c, "float32", eb.add(eb.mul(eb.add(i0, r), self.ldc), j0))
             for v in range(nv):
-                ptr = eb.gep(crow, "float32", v * L)
-                out = new[r][v]
-                if self.accumulate:
-                    out = b.fadd(self._vload(ptr, valid[v]), out)
-                self._vstore(out, ptr, valid[v])
+                self._vstore(new[r][v], eb.gep(crow, "float32", v * L), valid[v])
 
     def panel(self, j, cols, row_tiles=None):
         """Every row tile (or row tiles [lo, hi) and the tail rows when `last`) of panel j."""
         eb = self.eb
         j0 = eb.mul(j, self.nr)
-        if self.tb:
+        if self.pack is not None:
             self.pack_panel(j0, cols)
         full = self.m // self.mr
         lo, hi, last = row_tiles if row_tiles is not None else (0, full, None)
         if full:
             with for_range(self.b, hi, start=lo) as it:
-                self.tile(eb.mul(it, self.mr), self.mr, j0, cols)
+                self.tile(it, self.mr, j0, cols)
         if self.m % self.mr:
-            tail = lambda: self.tile(eb.c(full * self.mr), self.m % self.mr, j0, cols)  # noqa
+            tail = lambda: self.tile(eb.c(full), self.m % self.mr, j0, cols)  # noqa
             if last is None:
                 tail()
             else:
@@ -237,14 +281,18 @@ class _Kernel:
                     tail()
 
 
-def emit_sgemm(eb, ta, tb, m, n, k, a, lda, bp, ldb, c, ldc, accumulate=False, pack=None,
+def emit_sgemm(eb, ta, tb, m, n, k, a, lda, bp, ldb, c, ldc, pack=None, strips=None,
                part=None):
-    """C (m x n, row stride ldc) (+)= op(A) @ op(B) for sizes sgemm_applies() takes.
+    """C (m x n, row stride ldc) = op(A) @ op(B) for sizes sgemm_applies() takes.
 
-    pack: tb only, pack_bytes(k) of the worker's scratch. part: one worker's share, as
+    pack: pack_bytes(k) of the worker's scratch for B's panels (required when tb; None:
+    B's rows read in place); strips: ta only (None: A read in
+    place), strip_bytes(m, k) of it. part: one worker's share, as
     ``("cols", lo, hi)`` (panels [lo, hi) of panels(n), i64 values) or ``("rows", lo, hi,
     last)`` (row tiles [lo, hi) of m // MR, and the tail rows when the i1 `last` holds)."""
-    kern = _Kernel(eb, ta, tb, m, n, k, a, lda, bp, ldb, c, ldc, accumulate, pack)
+    kern = _Kernel(eb, ta, tb, m, n, k, a, lda, bp, ldb, c, ldc, pack, strips)
+    if strips is not None:
+        kern.pack_strips()
     full, tail_cols = n // kern.nr, n % kern.nr
     by_rows = part is not None and part[0] == "rows"
     plo, phi = (part[1], part[2]) if part is not None and not by_rows else (0, panels(n))

@@ -1,0 +1,100 @@
+"""Float32 GEMMs as generated register-tiled loops (compiler/codegen/llvm_sgemm.py) vs NumPy:
+every layout, sizes that are not multiples of the tile or the vector width, and the splits of
+one GEMM among workers (by column panels, by row tiles)."""
+import numpy as np
+import pytest
+
+from compiler.codegen import llvm_extern
+from compiler.codegen.kernel import Spec
+from compiler.codegen.llvm_sgemm import panel_cols, sgemm_applies, tile_rows
+from compiler.codegen.testing import CaseProgram
+
+
+def rnd(shape, seed):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def operands(m, k, n, ta, tb, seed=0):
+    a = rnd((k, m) if ta else (m, k), seed)
+    b = rnd((n, k) if tb else (k, n), seed + 1)
+    return a, b, (a.T if ta else a).astype(np.float64) @ (b.T if tb else b).astype(np.float64)
+
+
+def run_cases(shapes):
+    cases, want = CaseProgram(), []
+    for i, (m, k, n, ta, tb) in enumerate(shapes):
+        assert sgemm_applies("float32", m, n, k), (m, k, n)
+        a, b, ref = operands(m, k, n, ta, tb, seed=i)
+        cases.extern("matmul", [a, b], expected=ref.astype(np.float32), transpose_a=ta,
+                     transpose_b=tb)
+        want.append(ref)
+    for (c, got, _), ref, shape in zip(cases.run(), want, shapes):
+        got = got[0] if isinstance(got, list) else got
+        assert got.dtype == np.float32 and got.shape == ref.shape, (shape, got.shape)
+        # float32 FMA chains in k's order vs a float64 reference
+        tol = 2e-6 * shape[1] ** 0.5 * np.abs(ref).max() + 1e-6
+        assert np.abs(got - ref).max() <= tol, (shape, np.abs(got - ref).max(), tol)
+
+
+MR, NR = tile_rows(), panel_cols()
+# (m, k, n, transpose_a, transpose_b): whole tiles and panels, tails of rows (m % MR), of
+# columns (n % NR, below one vector and above), odd k, the MLP's and LeNet's layers
+ODD = [(MR, 16, NR, False, False), (MR + 3, 17, NR + 5, False, False), (3, 97, 17, False, False),
+       (8 * MR - 1, 1, 2 * NR + NR // 2 + 1, False, False), (13, 100, 50, False, True),
+       (7, 40, 17, False, True), (MR + 1, 19, NR - 1, False, True), (10, 256, 64, True, False),
+       (5, 25, 40, True, False), (11, 31, 21, True, True), (1, 128, 40, False, False)]
+LAYERS = [(64, 512, 256, False, True), (64, 256, 128, False, True),
+          (256, 784, 256, False, True), (10, 256, 256, True, False),
+          (256, 10, 256, False, False), (256, 400, 120, False, True),
+          (120, 256, 400, True, False), (16, 150, 100, False, False)]
+
+
+@pytest.mark.parametrize("shapes", [ODD, LAYERS], ids=["odd", "layers"])
+def test_sgemm_matches_numpy(shapes):
+    run_cases(shapes)
+
+
+def plan(m, k, n, ta=False, tb=False):
+    a = (k, m) if ta else (m, k)
+    b = (n, k) if tb else (k, n)
+    return llvm_extern.matmul_plan([a, b], ["float32"] * 2, "float32",
+                                   {"transpose_a": ta, "transpose_b": tb})
+
+
+def test_plan_splits_by_panels_or_row_tiles():
+    wide = plan(64, 512, 256, tb=True)
+    assert wide.by == "cols" and wide.units == 256 // NR
+    thin = plan(1024, 256, 20, tb=True)  # one panel of C: workers take row tiles
+    assert thin.by == "rows" and thin.units == 1024 // MR
+    small = plan(16, 150, 100)
+    assert small.workers == 1 and "pack" not in small.lay.at  # thin A: B read in place
+    assert "strips" in plan(10, 256, 256, ta=True).lay.at
+    assert plan(64, 512, 256, tb=True).lay.at.keys() == {"pack"}
+
+
+@pytest.mark.skipif(llvm_extern.max_workers() < 2, reason="one core: nothing to split")
+def test_sgemm_split_among_workers():
+    wide, thin = plan(64, 512, 256, tb=True), plan(1024, 256, 20, tb=True)
+    assert wide.workers > 1 and thin.workers > 1
+    # panels and row tiles shared unevenly (the last worker owns the tails)
+    run_cases([(64, 512, 256, False, True), (1024, 256, 20, False, True),
+               (1021, 256, 23, True, False), (67, 512, 250, False, False),
+               (66, 500, 255, True, True)])
+
+
+@pytest.mark.parametrize("dtype,shape,why", [
+    ("float64", (64, 64, 64), "float32 only"), ("float32", (64, 2048, 64), "k past L2"),
+    ("float32", (4096, 512, 64), "A past L2"), ("float32", (64, 64, 8), "n below a vector"),
+    ("float32", (2, 4, 16), "too little work")])
+def test_blas_keeps_what_the_loops_do_not_take(dtype, shape, why):
+    m, k, n = shape
+    assert not sgemm_applies(dtype, m, n, k), why
+    assert llvm_extern.matmul_plan([(m, k), (k, n)], [dtype] * 2, dtype, {}) is None
+
+
+def test_scratch_is_sized_from_the_plan():
+    p = plan(64, 512, 256, tb=True)
+    specs = [Spec((64, 512), "float32"), Spec((256, 512), "float32")]
+    got = llvm_extern.scratch_bytes("matmul", {"transpose_b": True}, specs,
+                                    [Spec((64, 256), "float32")])
+    assert got == p.workers * p.lay.size > 0
