@@ -131,6 +131,7 @@ class Engine:
         self._inflight = 0
         self._unreported = []
         self._waiters = 0  # threads in wait_all: woken when nothing is in flight
+        self._worker_threads = set()
         self._closed = False
 
     # ------------------------------------------------------------------ push
@@ -240,6 +241,7 @@ class Engine:
                 t = threading.Thread(target=self._worker_loop, args=(worker, i, n),
                                      name=f"hybrid-{device}-{i}", daemon=True)
                 worker.threads.append(t)
+                self._worker_threads.add(t)
                 t.start()
         if device.kind == "cpu":
             _share_cores(sum(1 for d in self._workers if d.kind == "cpu"))
@@ -349,6 +351,15 @@ class Engine:
                 first.args = (f"{first.args[0]} (and {len(errors) - 1} more failed op(s): "
                               f"{others})",)
             self._raise(first)
+
+    def wait_idle(self, timeout: float | None = None):
+        """Block until nothing is in flight, like wait_all, but leave errors to be raised by
+        the next sync point: for callers that only need the cores to themselves."""
+        if threading.current_thread() in self._worker_threads:
+            return  # an op that waited for every op would wait for itself
+        with self._lock:
+            if self._inflight:
+                self._wait_until(lambda: self._inflight == 0, timeout, "all ops")
 
     def _wait_until(self, ready, timeout, what, counted=True):
         """Wait on _done_cv until ready(); counted: a wait for all ops (see _waiters)."""
