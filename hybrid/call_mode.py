@@ -1,80 +1,76 @@
-"""Where a long compiled call runs: in the caller, or on the device's engine worker.
+"""Where long compiled calls run: in the caller, or on the device's engine worker.
 
-A quick call (tracing._INLINE_US) always runs in the caller. For a longer one neither choice
-wins everywhere: on the engine the front end's Python between calls overlaps the native
-call, but handing the call to the worker costs a thread wake-up and GIL round trips (on a
-2-core VM ~15-25 us a call). A loop doing little besides the call (the book's MLP at batch 64:
-~10 us of Python per ~95 us call) is faster in the caller (115-119 -> 101-103 us a call);
-a loop with much Python between calls gains from the overlap.
+A quick call (tracing._INLINE_US) always runs in the caller when its device is idle. For
+longer ones neither choice wins everywhere: on the engine the front end's Python overlaps the
+native calls, but handing a call to the worker costs a thread wake-up and GIL round trips,
+and on a 2-core machine the Python and a 2-thread GEMM slow each other down. Measured on a
+2-vCPU Xeon: the book's MLP at batch 64 (~10 us of Python per ~95 us call) runs at 101-104 us
+a call in the caller vs 115-119 on the engine; an MLP training step (~290 us of Python, ~1 ms
+of native calls) at 1.31-1.38 ms in the caller vs 1.46 on the engine when the loop syncs every
+step (a d2l loop reading its loss), but 1.33-1.37 vs 1.22 when it syncs every 20 steps.
 
-So each executable measures both: alternate windows of TRIAL calls on either path (engine,
-caller, engine, caller), take the path with the lower time per call, and measure again every
-RETRY calls in case the loop around the call changed. Either path computes the same results.
-An engine window's time runs from its first call to the end of its last call's native run
-(``done_at``, which the engine path records): pushes return long before the work is done.
-A caller window starts by waiting for the engine to finish (its calls would otherwise compete
-with the engine's backlog for the cores; the wait is spent computing that backlog); its calls
-are timed start to start (the caller's Python, waits and the call itself).
+So each device measures both: the first long executable called is the *anchor*, and a window
+runs from one anchor call to the TRIAL-th next (a loop's iterations, whatever else they
+call). Windows alternate between the engine and the caller; each ends by waiting for the
+device's engine to go idle (so it counts all the work it pushed) and is timed to that point.
+After WINDOWS windows the faster path is kept for every long call on the device, and measured
+again after RETRY long calls in case the loop changed. Either path computes the same results.
 """
 from __future__ import annotations
 
-import statistics
-
-TRIAL = 8  # calls per window
+TRIAL = 32  # anchor calls (loop iterations) per window: the fill and drain of an engine window
+# cost it about one iteration, ~3% here
 WINDOWS = 4  # windows per trial: engine, caller, engine, caller
-RETRY = 4096  # calls between trials
-PATIENCE = 0.25  # seconds: a gap longer than this is the loop pausing, not a call
+RETRY = 4096  # long calls between trials
+MAX_TRIAL_CALLS = 4096  # long calls a trial may take (the anchor stopped being called: give up)
+PATIENCE = 0.25  # seconds per iteration: longer is the loop pausing, not computing
 
 
-class CallMode:
-    """The path of one executable's long calls, chosen by trial (see the module docstring).
-    ``direct(now, done_at, drain)`` is asked once per call, with the call's start time, when
-    the latest engine-path call of the executable finished (seconds, perf_counter's clock)
-    and a function that waits until the engine has nothing in flight."""
+class DispatchTrial:
+    """The path of one device's long calls, chosen by trial (see the module docstring).
+    ``direct(key, clock, drain)`` is asked once per long call: ``key`` names the executable,
+    ``clock()`` reads seconds and ``drain()`` waits until the device's engine is idle."""
 
     def __init__(self):
-        self.last = None
         self._restart()
 
     def _restart(self):
-        self.calls = 0  # calls of the trial so far, or since the decision
+        self.calls = 0  # long calls of the trial so far, or since the decision
         self.choice = None  # True: in the caller; False: the engine; None: trying
-        self.engine_start = None  # when the current engine window began
-        self.per_call = {True: [], False: []}
-
-    @staticmethod
-    def _window_mode(call: int) -> bool:
-        return (call // TRIAL) % 2 == 1  # engine first: the path taken before any decision
+        self.anchor = None
+        self.anchors = 0
+        self.window = 0
+        self.start = None
+        self.per_iter = {True: [], False: []}  # seconds per anchor call, by window
 
     def _decide(self, choice: bool) -> bool:
         self.choice, self.calls = choice, 0
         return choice
 
-    def direct(self, now: float, done_at, drain) -> bool:
-        last, self.last = self.last, now
+    def direct(self, key, clock, drain) -> bool:
         if self.choice is not None:
             self.calls += 1
             if self.calls < RETRY:
                 return self.choice
             self._restart()
-        call = self.calls
-        mode = self._window_mode(call)
-        if call % TRIAL == 0:
-            if mode:  # a caller window: once the engine window's calls are done
-                drain()
-                done_at = done_at()
-                start = self.engine_start
-                if start is not None and done_at is not None and \
-                        0 < done_at - start < PATIENCE * TRIAL:
-                    self.per_call[False].append((done_at - start) / TRIAL)
-            else:
-                self.engine_start = now
-        elif mode and call % TRIAL != 1 and now - last < PATIENCE:  # (1: after the drain)
-            self.per_call[True].append(now - last)
-        if call == TRIAL * WINDOWS:
-            caller, engine = self.per_call[True], self.per_call[False]
-            # nothing to compare (the loop kept pausing): keep the engine
-            return self._decide(bool(caller and engine) and
-                                statistics.median(caller) < statistics.median(engine))
         self.calls += 1
-        return mode
+        if self.calls > MAX_TRIAL_CALLS:
+            return self._decide(False)
+        if self.anchor is None:
+            self.anchor = key
+        if key == self.anchor:
+            if self.anchors % TRIAL == 0:  # a window boundary
+                if self.start is not None:
+                    drain()
+                    per = (clock() - self.start) / TRIAL
+                    if per < PATIENCE:
+                        self.per_iter[self.window % 2 == 1].append(per)
+                    self.window += 1
+                    if self.window == WINDOWS:
+                        caller, engine = self.per_iter[True], self.per_iter[False]
+                        # nothing to compare (the loop kept pausing): keep the engine
+                        return self._decide(bool(caller and engine) and
+                                            min(caller) < min(engine))
+                self.start = clock()
+            self.anchors += 1
+        return self.window % 2 == 1  # engine first: the path taken before any decision

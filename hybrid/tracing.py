@@ -25,7 +25,7 @@ from runtime.executable import PartitionedExecutable
 from runtime.memory import Buffer
 
 from . import _state
-from .call_mode import CallMode
+from .call_mode import DispatchTrial
 from ._where import user_frame
 from .ndarray import NDArray
 from .nn.parameter import data_epoch as _param_epoch
@@ -350,12 +350,11 @@ class CachedFunction:
                 entry = self.fast.get((tuple(fast), _state.local.training))
                 if entry is not None:
                     if entry.direct and not _state.local.recording:
-                        outs = run_direct(entry.exe, args[0].device if args else cpu(0),
-                                          [a._buf for a in args],
-                                          [h._buf for h in _param_handles(entry)])
-                        if outs is not None:
-                            return outs[0] if entry.out_tree == _SINGLE else \
-                                unflatten(entry.out_tree, outs[:entry.n_user_out])
+                        outs = run_call(entry.exe, args[0].device if args else cpu(0),
+                                        [a._buf for a in args],
+                                        [h._buf for h in _param_handles(entry)], self.name)
+                        return outs[0] if entry.out_tree == _SINGLE else \
+                            unflatten(entry.out_tree, outs[:entry.n_user_out])
                     return _run(entry, args, self.name)
         leaves, tree = flatten((args, kwargs))
         for a in leaves:
@@ -538,7 +537,38 @@ def _push_parts(exe, in_bufs, param_bufs, name):
     return results
 
 
-def _push(exe, device, in_bufs, param_bufs, out_specs, name):
+def run_call(exe, device, in_bufs, param_bufs, name):
+    """The outputs of one compiled call that autograd does not record and that touches no
+    state (CachedFunction's ``direct`` entries, deployed models): run here when the caller
+    is the place (_inline) and its inputs are ready, else queued on the engine."""
+    inline = _inline(exe, device)
+    if inline:
+        outs = run_direct(exe, device, in_bufs, param_bufs)
+        if outs is not None:
+            return outs
+    return _push(exe, device, in_bufs, param_bufs, exe.out_specs, name, inline)
+
+
+def _inline(exe, device) -> bool:
+    """Whether a call may run in the caller: a quick one always (when its device is idle), a
+    long one when the device's DispatchTrial found the loop faster so (call_mode.py)."""
+    engine = _engine_mod.get_engine()
+    if not engine.inline:
+        return False
+    if exe.report.get("avg_us", 1e3) < _INLINE_US:
+        return True
+    trial = _trials.get(device)
+    if trial is None:
+        trial = _trials[device] = DispatchTrial()
+    return trial.direct(id(exe), perf_counter, engine.wait_idle)
+
+
+_trials: dict = {}  # device -> DispatchTrial
+
+
+def _push(exe, device, in_bufs, param_bufs, out_specs, name, inline=None):
+    """Queue one compiled call on the engine (inline: whether it may run in the caller when
+    its device is idle; None: decide with _inline)."""
     if isinstance(exe, PartitionedExecutable):
         return _push_parts(exe, in_bufs, param_bufs, name)
     outs = [NDArray(Buffer(), s.shape, s.dtype, device) for s in out_specs]
@@ -553,12 +583,12 @@ def _push(exe, device, in_bufs, param_bufs, out_specs, name):
             ob.data = r
         # decides whether later calls may run inline (no thread hand-off)
         _note_cost(timing, thread_time() - t0)
-        timing["done_at"] = perf_counter()  # call_mode.py times the engine path with it
 
+    if inline is None:
+        inline = _inline(exe, device)
     _engine_mod.get_engine().push(
         run, tuple(b.var for b in in_bufs) + tuple(b.var for b in param_bufs),
-        tuple(b.var for b in out_bufs), device, name,
-        user_frame(), timing.get("avg_us", 1e3) < _INLINE_US)
+        tuple(b.var for b in out_bufs), device, name, user_frame(), inline)
     return outs
 
 
@@ -584,24 +614,14 @@ def _computed(bufs):
 
 
 def run_direct(exe, device, in_bufs, param_bufs):
-    """Run a quick compiled call right here, without the engine: its inputs and parameters are
-    computed already (buffers are immutable, so nothing queued can change them) and its
-    outputs are fresh buffers no queued op knows, so skipping dependency tracking loses no
-    ordering. This is the batch-1 path: the Python glue around one native call is the whole
-    cost. Returns the output arrays, or None to take the engine path instead (a slow call, a
-    pending input, a failure: the engine re-runs it and reports the error where the result is
-    read, as always). Hybridized blocks and deployed models both call it. A longer call
-    runs here when measuring says the loop around it is faster so (call_mode.py)."""
+    """Run a compiled call right here, without the engine (run_call decides when): its inputs
+    and parameters are computed already (buffers are immutable, so nothing queued can change
+    them) and its outputs are fresh buffers no queued op knows, so skipping dependency
+    tracking loses no ordering. This is the batch-1 path: the Python glue around one native
+    call is the whole cost. Returns the output arrays, or None to take the engine path
+    instead (a pending input, a failure: the engine re-runs it and reports the error where
+    the result is read, as always)."""
     timing = exe.report
-    engine = _engine_mod.get_engine()
-    if not engine.inline:
-        return None
-    if timing.get("avg_us", 1e3) >= _INLINE_US:
-        mode = timing.get("call_mode")
-        if mode is None:
-            mode = timing["call_mode"] = CallMode()
-        if not mode.direct(perf_counter(), lambda: timing.get("done_at"), engine.wait_idle):
-            return None
     ins = _computed(in_bufs)
     if ins is None:
         return None

@@ -1,82 +1,130 @@
-"""Where a long compiled call runs (hybrid/call_mode.py): a trial of both paths on synthetic
-clocks, then the real thing: a call measured long runs either way with the same results."""
+"""Where long compiled calls run (hybrid/call_mode.py): a trial of both paths on a synthetic
+clock, then the real thing: long calls give the same results on either path, inference and
+training."""
 import numpy as np
+import pytest
 
 import hybrid as hb
-from hybrid import call_mode, nn, tracing
-from hybrid.call_mode import PATIENCE, RETRY, TRIAL, WINDOWS, CallMode
+from hybrid import autograd, call_mode, loss, nn, tracing
+from hybrid.call_mode import PATIENCE, RETRY, TRIAL, WINDOWS, DispatchTrial
 
 
 class Loop:
-    """A loop calling one executable: caller calls take `caller_us` start to start; an engine
-    window's calls finish `engine_us` apart after the window starts."""
+    """A loop whose iterations make long calls ("fwd", "bwd"): in the caller an iteration
+    takes `caller_us`; on the engine `engine_us` once its work is drained."""
 
-    def __init__(self, caller_us, engine_us, gap_us=5.0):
-        self.mode, self.now = CallMode(), 0.0
-        self.caller, self.engine, self.gap = caller_us * 1e-6, engine_us * 1e-6, gap_us * 1e-6
-        self.done_at, self.drains, self.paths = None, 0, []
+    def __init__(self, caller_us, engine_us):
+        self.trial, self.now = DispatchTrial(), 0.0
+        self.caller, self.engine = caller_us * 1e-6, engine_us * 1e-6
+        self.backlog, self.drains, self.paths = 0.0, 0, []
+
+    def clock(self):
+        return self.now
 
     def drain(self):
         self.drains += 1
-        if self.done_at is not None:
-            self.now = max(self.now, self.done_at)
+        self.now += self.backlog
+        self.backlog = 0.0
 
-    def call(self):
-        direct = self.mode.direct(self.now, lambda: self.done_at, self.drain)
-        self.paths.append(direct)
-        if direct:
-            self.now += self.caller
-        else:  # a push returns at once; the work finishes engine_us after the previous
-            self.done_at = max(self.done_at or 0.0, self.now) + self.engine
-            self.now += self.gap
-        return direct
+    def iteration(self):
+        for key, share in (("fwd", 0.5), ("bwd", 0.5)):
+            direct = self.trial.direct(key, self.clock, self.drain)
+            self.paths.append(direct)
+            if direct:
+                self.now += share * self.caller
+            else:  # a push returns at once: the work waits in the engine's backlog
+                self.backlog += share * self.engine
 
-    def run(self, n):
-        for _ in range(n):
-            self.call()
+    def run(self, iterations):
+        for _ in range(iterations):
+            self.iteration()
         return self
 
 
-def test_trial_alternates_windows_then_keeps_the_faster_path():
-    loop = Loop(caller_us=100, engine_us=130).run(TRIAL * WINDOWS + 50)
-    trial = loop.paths[:TRIAL * WINDOWS]
-    assert trial == [(i // TRIAL) % 2 == 1 for i in range(TRIAL * WINDOWS)]
-    assert loop.mode.choice is True and all(loop.paths[TRIAL * WINDOWS:])
-    assert loop.drains == WINDOWS // 2  # once per caller window
-    assert abs(np.median(loop.mode.per_call[True]) - 100e-6) < 1e-9
-    assert abs(np.median(loop.mode.per_call[False]) - 130e-6) < 5e-6
+def trial_iterations():
+    return TRIAL * WINDOWS + 1  # the anchor's call after the last window decides
+
+
+def test_windows_alternate_then_the_faster_path_is_kept():
+    loop = Loop(caller_us=1000, engine_us=1300).run(trial_iterations() + 20)
+    per_window = [loop.paths[2 * TRIAL * w] for w in range(WINDOWS)]
+    assert per_window == [False, True, False, True]  # engine first
+    assert loop.trial.choice is True and all(loop.paths[2 * (trial_iterations() - 1):])
+    assert loop.drains == WINDOWS  # every window ends drained (the engine's work counted)
+    assert loop.trial.per_iter[True] == pytest.approx([1e-3] * 2)
+    assert loop.trial.per_iter[False] == pytest.approx([1.3e-3] * 2)
 
 
 def test_the_engine_wins_when_it_overlaps_the_callers_python():
-    loop = Loop(caller_us=100, engine_us=70).run(TRIAL * WINDOWS + 10)
-    assert loop.mode.choice is False and not any(loop.paths[TRIAL * WINDOWS:])
+    loop = Loop(caller_us=1000, engine_us=800).run(trial_iterations() + 5)
+    assert loop.trial.choice is False and not any(loop.paths[2 * trial_iterations():])
 
 
 def test_a_pausing_loop_keeps_the_engine():
-    loop = Loop(caller_us=PATIENCE * 2e6, engine_us=PATIENCE * 2e6).run(TRIAL * WINDOWS + 1)
-    assert loop.mode.choice is False
+    loop = Loop(caller_us=PATIENCE * 2e6, engine_us=PATIENCE * 2e6).run(trial_iterations())
+    assert loop.trial.choice is False
 
 
-def test_the_trial_is_repeated_every_retry_calls():
-    loop = Loop(caller_us=100, engine_us=130).run(TRIAL * WINDOWS + 1)
-    assert loop.mode.choice is True
-    loop.caller = 200e-6  # the loop around the call changed: the caller is slower now
-    loop.run(RETRY + TRIAL * WINDOWS + 1)
-    assert loop.mode.choice is False
+def test_the_trial_is_repeated_after_retry_long_calls():
+    loop = Loop(caller_us=1000, engine_us=1300).run(trial_iterations())
+    assert loop.trial.choice is True
+    loop.caller = 2e-3  # the loop around the calls changed: the caller is slower now
+    loop.run(RETRY // 2 + trial_iterations() + 1)
+    assert loop.trial.choice is False
 
 
-def test_long_calls_give_the_same_results_on_either_path(monkeypatch):
+def test_a_trial_whose_anchor_stops_gives_up_on_the_engine():
+    trial = DispatchTrial()
+    trial.direct("once", lambda: 0.0, lambda: None)
+    for _ in range(call_mode.MAX_TRIAL_CALLS):
+        trial.direct("other", lambda: 0.0, lambda: None)
+    assert trial.choice is False
+
+
+@pytest.fixture
+def short_trials(monkeypatch):
     monkeypatch.setattr(tracing, "_INLINE_US", 0.0)  # every call counts as long
-    monkeypatch.setattr(call_mode, "RETRY", TRIAL * WINDOWS)  # try both paths again and again
+    monkeypatch.setattr(call_mode, "TRIAL", 2)
+    monkeypatch.setattr(call_mode, "RETRY", 10)  # try both paths again and again
+    monkeypatch.setattr(tracing, "_trials", {})
+
+
+def test_long_inference_calls_match_on_either_path(short_trials):
     net = nn.HybridSequential()
     net.add(nn.Dense(32, activation="relu"), nn.Dense(4))
     net.initialize()
     x = hb.random.normal(size=(16, 20))
     want = net(x).asnumpy()  # eager
     net.hybridize()
-    outs = [net(x) for _ in range(5 * TRIAL * WINDOWS)]
+    outs = [net(x) for _ in range(60)]
     for o in outs:
         np.testing.assert_allclose(o.asnumpy(), want, rtol=1e-5, atol=1e-6)
-    entry = next(iter(net._cached.entries.values()))
-    mode = entry.exe.report["call_mode"]
-    assert mode.per_call[True] or mode.per_call[False]  # the trial measured calls
+    trial = tracing._trials[x.device]
+    assert trial.per_iter[True] or trial.per_iter[False] or trial.choice is not None
+
+
+def test_training_steps_match_on_either_path(short_trials):
+    def train(hybridize):
+        hb.random.seed(3)
+        net = nn.HybridSequential()
+        net.add(nn.Dense(16, activation="relu"), nn.Dense(3))
+        net.initialize(hb.init.Xavier())
+        x = hb.random.normal(size=(8, 5))
+        y = hb.array(np.arange(8) % 3, dtype="int32")
+        lf = loss.SoftmaxCrossEntropyLoss()
+        if hybridize:
+            net.hybridize()
+            lf.hybridize()
+        tr = hb.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1})
+        losses = []
+        for step in range(30):
+            with autograd.record():
+                lv = lf(net(x), y)
+            lv.backward()
+            tr.step(8)
+            if step % 3 == 0:  # syncs now and then: both paths get windows
+                losses.append(float(lv.mean().asnumpy()))
+        return losses, net[0].weight.data().asnumpy()
+    (l_eager, w_eager), (l_hyb, w_hyb) = train(False), train(True)
+    np.testing.assert_allclose(l_hyb, l_eager, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(w_hyb, w_eager, rtol=1e-4, atol=1e-6)
