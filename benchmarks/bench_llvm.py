@@ -35,9 +35,9 @@ PARTS = ("hybrid", "numpy", "torch", "jax")
 PART = "hybrid"  # the framework this process measures (--part)
 
 
-def timeit(fn, n, sync=hb.waitall):
-    for _ in range(n):  # warm-up, one untimed repetition: JIT compiles, caches, thread pools,
-        fn()            # buffer pools and running averages settle (PERF.md: "after warm-up")
+def timeit(fn, n, sync=hb.waitall, warmup=None):
+    for _ in range(n if warmup is None else warmup):  # warm-up, one untimed repetition: JIT
+        fn()  # compiles, caches, thread pools, buffer pools and averages settle (PERF.md)
     sync()
     runs = []
     for _ in range(REPS):
@@ -152,11 +152,16 @@ def bench_train(rows):
                 l.backward()
                 trainer.step(256)
             label = "hybrid eager" if mode == "eager" else "hybrid llvm (net + loss, fused step)"
-            rows.append((f"C. {name} train b256", label, timeit(step, steps) * 1e3, "ms/step"))
+            # warm-up: the device's dispatch trial (hybrid/call_mode.py) takes ~70 iterations
+            rows.append((f"C. {name} train b256", label, timeit(
+                step, steps, warmup=None if SMOKE or mode == "eager" else 5 * steps) * 1e3,
+                "ms/step"))
             if mode == "llvm":  # a loop that reads its loss every batch syncs every step (the
                 # peers' steps below are synchronous anyway)
+                # warm-up: the loop changed (it syncs now), so the trial runs again
                 rows.append((f"C. {name} train b256", "hybrid llvm, sync every step",
-                             timeit(lambda: (step(), hb.waitall()), steps) * 1e3, "ms/step"))
+                             timeit(lambda: (step(), hb.waitall()), steps,
+                                    warmup=None if SMOKE else 5 * steps) * 1e3, "ms/step"))
         xn, yn = x.asnumpy(), y.asnumpy()
         for label, fn in _peer_train_steps(name, xn, yn):
             rows.append((f"C. {name} train b256", label, timeit(fn, steps, sync=lambda: None)

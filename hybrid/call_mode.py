@@ -11,25 +11,32 @@ step (a d2l loop reading its loss), but 1.33-1.37 vs 1.22 when it syncs every 20
 
 So each device measures both: the first long executable called is the *anchor*, and a window
 runs from one anchor call to the TRIAL-th next (a loop's iterations, whatever else they
-call). Windows alternate between the engine and the caller; each ends by waiting for the
-device's engine to go idle (so it counts all the work it pushed) and is timed to that point.
+call). After an untimed warm-up window, windows alternate between the engine and the caller;
+each ends by waiting for the device's engine to go idle (so it counts all the work it pushed)
+and is timed to that point.
 After WINDOWS windows the faster path is kept for every long call on the device, and measured
-again after RETRY long calls in case the loop changed. Either path computes the same results.
+again after RETRY long calls, or as soon as the loop's rate of sync points (waits for
+results, per iteration) moves by SYNC_SHIFT from what it was during the trial: a loop that
+starts or stops reading its loss every iteration. Either path computes the same
+results.
 """
 from __future__ import annotations
 
-TRIAL = 32  # anchor calls (loop iterations) per window: the fill and drain of an engine window
-# cost it about one iteration, ~3% here
-WINDOWS = 4  # windows per trial: engine, caller, engine, caller
+TRIAL = 16  # anchor calls (loop iterations) per window: an engine window loses its pipeline fill
+# (the first iteration overlaps nothing), ~2% of the window at the MLP training step
+WINDOWS = 5  # windows per trial: a warm-up on the engine (compiles, page faults, pools
+# filling: not timed), then engine, caller, engine, caller
 RETRY = 4096  # long calls between trials
 MAX_TRIAL_CALLS = 4096  # long calls a trial may take (the anchor stopped being called: give up)
 PATIENCE = 0.25  # seconds per iteration: longer is the loop pausing, not computing
+SYNC_SHIFT = 0.5  # sync points per iteration: a change this large re-runs the trial
 
 
 class DispatchTrial:
     """The path of one device's long calls, chosen by trial (see the module docstring).
-    ``direct(key, clock, drain)`` is asked once per long call: ``key`` names the executable,
-    ``clock()`` reads seconds and ``drain()`` waits until the device's engine is idle."""
+    ``direct(key, clock, drain, syncs)`` is asked once per long call: ``key`` names the
+    executable, ``clock()`` reads seconds, ``drain()`` waits until the device's engine is idle
+    and ``syncs()`` counts the front end's sync points so far (drain's own not included)."""
 
     def __init__(self):
         self._restart()
@@ -42,15 +49,27 @@ class DispatchTrial:
         self.window = 0
         self.start = None
         self.per_iter = {True: [], False: []}  # seconds per anchor call, by window
+        self.sync_rate = None  # sync points per iteration during the trial
+        self.mark = None  # (anchors, syncs) when the trial, or the current check, began
 
     def _decide(self, choice: bool) -> bool:
         self.choice, self.calls = choice, 0
         return choice
 
-    def direct(self, key, clock, drain) -> bool:
+    def _loop_changed(self, syncs) -> bool:
+        """At a decided anchor call: whether the loop's sync rate moved (every TRIAL)."""
+        self.anchors += 1
+        if self.anchors % TRIAL or self.sync_rate is None:  # (None: the trial gave up)
+            return False
+        anchors, before = self.mark
+        self.mark = (self.anchors, syncs())
+        rate = (self.mark[1] - before) / (self.anchors - anchors)
+        return abs(rate - self.sync_rate) >= SYNC_SHIFT
+
+    def direct(self, key, clock, drain, syncs) -> bool:
         if self.choice is not None:
             self.calls += 1
-            if self.calls < RETRY:
+            if self.calls < RETRY and not (key == self.anchor and self._loop_changed(syncs)):
                 return self.choice
             self._restart()
         self.calls += 1
@@ -60,17 +79,22 @@ class DispatchTrial:
             self.anchor = key
         if key == self.anchor:
             if self.anchors % TRIAL == 0:  # a window boundary
-                if self.start is not None:
+                if self.start is None:
+                    self.mark = (0, syncs())
+                else:
+                    n = syncs()  # before the drain: its wait is not the loop's
                     drain()
                     per = (clock() - self.start) / TRIAL
-                    if per < PATIENCE:
-                        self.per_iter[self.window % 2 == 1].append(per)
+                    if per < PATIENCE and self.window:
+                        self.per_iter[self.window % 2 == 0].append(per)
                     self.window += 1
                     if self.window == WINDOWS:
+                        self.sync_rate = (n - self.mark[1]) / self.anchors
+                        self.mark, self.anchors = (0, n), 0
                         caller, engine = self.per_iter[True], self.per_iter[False]
                         # nothing to compare (the loop kept pausing): keep the engine
                         return self._decide(bool(caller and engine) and
                                             min(caller) < min(engine))
                 self.start = clock()
             self.anchors += 1
-        return self.window % 2 == 1  # engine first: the path taken before any decision
+        return self.window % 2 == 0 and self.window > 0  # the engine first

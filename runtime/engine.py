@@ -132,6 +132,7 @@ class Engine:
         self._unreported = []
         self._waiters = 0  # threads in wait_all: woken when nothing is in flight
         self._worker_threads = set()
+        self.sync_points = 0  # calls of wait and wait_all: how often the front end syncs
         self._closed = False
 
     # ------------------------------------------------------------------ push
@@ -326,6 +327,7 @@ class Engine:
     def wait(self, var: Var, timeout: float | None = None):
         """Block until the last write of ``var`` is done; raise its error if it failed."""
         op = var.last_write
+        self.sync_points += 1
         if op is not None and not op.done:
             with self._lock:
                 op.awaited = True
@@ -339,6 +341,7 @@ class Engine:
         """Block until every op is done; raise the first error not raised yet (once)."""
         self._check_usable()
         with self._lock:
+            self.sync_points += 1
             if self._inflight:
                 self._wait_until(lambda: self._inflight == 0, timeout, "all ops")
             errors = self._unreported

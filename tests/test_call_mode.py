@@ -17,6 +17,7 @@ class Loop:
         self.trial, self.now = DispatchTrial(), 0.0
         self.caller, self.engine = caller_us * 1e-6, engine_us * 1e-6
         self.backlog, self.drains, self.paths = 0.0, 0, []
+        self.syncs, self.sync_every = 0, 0  # the loop's own sync points, every n iterations
 
     def clock(self):
         return self.now
@@ -28,12 +29,17 @@ class Loop:
 
     def iteration(self):
         for key, share in (("fwd", 0.5), ("bwd", 0.5)):
-            direct = self.trial.direct(key, self.clock, self.drain)
+            direct = self.trial.direct(key, self.clock, self.drain, lambda: self.syncs)
             self.paths.append(direct)
             if direct:
                 self.now += share * self.caller
             else:  # a push returns at once: the work waits in the engine's backlog
                 self.backlog += share * self.engine
+        self.iterations = getattr(self, "iterations", 0) + 1
+        if self.sync_every and self.iterations % self.sync_every == 0:
+            self.syncs += 1
+            self.now += self.backlog
+            self.backlog = 0.0
 
     def run(self, iterations):
         for _ in range(iterations):
@@ -48,7 +54,7 @@ def trial_iterations():
 def test_windows_alternate_then_the_faster_path_is_kept():
     loop = Loop(caller_us=1000, engine_us=1300).run(trial_iterations() + 20)
     per_window = [loop.paths[2 * TRIAL * w] for w in range(WINDOWS)]
-    assert per_window == [False, True, False, True]  # engine first
+    assert per_window == [False, False, True, False, True]  # warm-up and engine first
     assert loop.trial.choice is True and all(loop.paths[2 * (trial_iterations() - 1):])
     assert loop.drains == WINDOWS  # every window ends drained (the engine's work counted)
     assert loop.trial.per_iter[True] == pytest.approx([1e-3] * 2)
@@ -73,11 +79,27 @@ def test_the_trial_is_repeated_after_retry_long_calls():
     assert loop.trial.choice is False
 
 
+def test_a_loop_that_starts_syncing_every_iteration_is_tried_again():
+    loop = Loop(caller_us=1000, engine_us=800).run(trial_iterations())
+    assert loop.trial.choice is False and loop.trial.sync_rate == 0
+    loop.sync_every = 1  # now it reads its loss every iteration
+    loop.engine = 1.3e-3  # and the engine path got slower for it
+    loop.run(TRIAL + 1)
+    assert loop.trial.choice is None  # trying again, well before RETRY calls
+    loop.run(trial_iterations())
+    assert loop.trial.choice is True and loop.trial.sync_rate == pytest.approx(1.0, abs=0.05)
+    loop.run(3 * TRIAL)  # a steady loop: no more trials
+    assert loop.trial.choice is True
+
+
 def test_a_trial_whose_anchor_stops_gives_up_on_the_engine():
     trial = DispatchTrial()
-    trial.direct("once", lambda: 0.0, lambda: None)
+    trial.direct("once", lambda: 0.0, lambda: None, lambda: 0)
     for _ in range(call_mode.MAX_TRIAL_CALLS):
-        trial.direct("other", lambda: 0.0, lambda: None)
+        trial.direct("other", lambda: 0.0, lambda: None, lambda: 0)
+    assert trial.choice is False
+    for _ in range(3 * TRIAL):
+        trial.direct("once", lambda: 0.0, lambda: None, lambda: 0)
     assert trial.choice is False
 
 
