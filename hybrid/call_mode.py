@@ -22,12 +22,13 @@ results.
 """
 from __future__ import annotations
 
-TRIAL = 16  # anchor calls (loop iterations) per window: an engine window loses its pipeline fill
+TRIAL = 12  # anchor calls (loop iterations) per window: an engine window loses its pipeline fill
 # (the first iteration overlaps nothing), ~2% of the window at the MLP training step
-WINDOWS = 5  # windows per trial: a warm-up on the engine (compiles, page faults, pools
-# filling: not timed), then engine, caller, engine, caller
+WINDOWS = 7  # windows per trial: a warm-up on the engine (compiles, page faults, pools
+# filling: not timed), then engine and caller three times each, interleaved (the machine's
+# speed drifts by ~10% over seconds: each path's best window is compared)
 RETRY = 4096  # long calls between trials
-MAX_TRIAL_CALLS = 4096  # long calls a trial may take (the anchor stopped being called: give up)
+ANCHOR_GAP = 128  # long calls without the anchor: the loop moved on, start over with a new one
 PATIENCE = 0.25  # seconds per iteration: longer is the loop pausing, not computing
 SYNC_SHIFT = 0.5  # sync points per iteration: a change this large re-runs the trial
 
@@ -43,6 +44,7 @@ class DispatchTrial:
 
     def _restart(self):
         self.calls = 0  # long calls of the trial so far, or since the decision
+        self.since_anchor = 0  # long calls since the anchor's last one
         self.choice = None  # True: in the caller; False: the engine; None: trying
         self.anchor = None
         self.anchors = 0
@@ -59,7 +61,7 @@ class DispatchTrial:
     def _loop_changed(self, syncs) -> bool:
         """At a decided anchor call: whether the loop's sync rate moved (every TRIAL)."""
         self.anchors += 1
-        if self.anchors % TRIAL or self.sync_rate is None:  # (None: the trial gave up)
+        if self.anchors % TRIAL:
             return False
         anchors, before = self.mark
         self.mark = (self.anchors, syncs())
@@ -67,14 +69,16 @@ class DispatchTrial:
         return abs(rate - self.sync_rate) >= SYNC_SHIFT
 
     def direct(self, key, clock, drain, syncs) -> bool:
+        self.since_anchor = 0 if key == self.anchor else self.since_anchor + 1
         if self.choice is not None:
             self.calls += 1
-            if self.calls < RETRY and not (key == self.anchor and self._loop_changed(syncs)):
+            if self.calls < RETRY and self.since_anchor < ANCHOR_GAP and not (
+                    key == self.anchor and self._loop_changed(syncs)):
                 return self.choice
             self._restart()
+        elif self.since_anchor >= ANCHOR_GAP:  # the anchor is not called any more
+            self._restart()
         self.calls += 1
-        if self.calls > MAX_TRIAL_CALLS:
-            return self._decide(False)
         if self.anchor is None:
             self.anchor = key
         if key == self.anchor:

@@ -555,7 +555,10 @@ def _inline(exe, device) -> bool:
     engine = _engine_mod.get_engine()
     if not engine.inline:
         return False
-    if exe.report.get("avg_us", 1e3) < _INLINE_US:
+    us = exe.report.get("avg_us")
+    if us is None:  # the first call: its cost is not known yet
+        return False
+    if us < _INLINE_US:
         return True
     trial = _trials.get(device)
     if trial is None:
