@@ -98,3 +98,14 @@ def test_scratch_is_sized_from_the_plan():
     got = llvm_extern.scratch_bytes("matmul", {"transpose_b": True}, specs,
                                     [Spec((64, 256), "float32")])
     assert got == p.workers * p.lay.size > 0
+
+
+def test_avx2_tiles(monkeypatch):
+    """The AVX2 configuration (8 lanes: 6 x 16 tiles, 8 x 8 transposes), built on this host
+    whatever its vector width: what a machine without AVX-512 runs."""
+    from compiler.codegen import llvm, llvm_sgemm
+    monkeypatch.setattr(llvm_sgemm, "vector_lanes", lambda dt: 8)
+    monkeypatch.setattr(llvm, "CODEGEN_VERSION", f"{llvm.CODEGEN_VERSION}-avx2-test")
+    assert (llvm_sgemm.tile_rows(), llvm_sgemm.panel_cols()) == (6, 16)
+    run_cases([s for s in ODD if llvm_sgemm.sgemm_applies("float32", s[0], s[2], s[1])] +
+              [(64, 512, 256, False, True), (67, 100, 50, True, False)])

@@ -47,6 +47,7 @@ from .llvm import MAX_THREADS, emit_parallel_driver, for_range, kernel_function
 from .llvm_gemv import (GEMV_CHUNKS, GEMV_PARALLEL_MIN, ROWS as GEMV_ROWS, gemv_applies,
                         gemv_rows, gemv_workers)
 from .llvm_scalar import F32, F64, I32, I64, PTR, LLVMScalarBuilder, mem_type, reg_type
+from . import llvm_sgemm
 from .llvm_sgemm import (emit_sgemm, pack_bytes, panels, sgemm_applies, strip_bytes,
                           tile_rows)
 from .scalar import FLOATS, Typed
@@ -91,7 +92,8 @@ def extern_key() -> list:
     """The settings that split externs into workers: part of the machine-code cache key, as
     the Program shows them only through scratch sizes."""
     return [max_workers(), PARALLEL_MIN_WORK, POOL_MIN_WORK, SCRATCH_BUDGET, GEMV_PARALLEL_MIN,
-            GEMV_CHUNKS]
+            GEMV_CHUNKS, SGEMM_PACK_MIN_ROWS, llvm_sgemm.SGEMM_MAX_K,
+            llvm_sgemm.SGEMM_MAX_A_BYTES, llvm_sgemm.SGEMM_MIN_WORK]
 
 
 def _workers(items: int, work: int, per_worker: int = 0, min_work=PARALLEL_MIN_WORK) -> int:
