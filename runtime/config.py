@@ -89,7 +89,9 @@ FLAGS = {f.name: f for f in [
     Flag("HYBRID_CPU_WORKERS", _positive_int, 1,
          "Worker threads per CPU device."),
     Flag("HYBRID_INLINE", _bool, True,
-         "Run a small op in the caller when its inputs are ready and its device is idle."),
+         "Run a small op in the caller when its inputs are ready and its device is idle, and "
+         "let each device measure whether its long compiled calls run faster in the caller "
+         "or on the engine (hybrid/call_mode.py); 0: every op goes through the engine."),
     Flag("HYBRID_SWITCH_INTERVAL", _seconds, 0.0002,
          "Python's thread switch interval while engine workers run (sys.setswitchinterval; "
          "never raised): a worker whose native call ends waits at most this long for the "
