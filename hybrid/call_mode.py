@@ -29,6 +29,8 @@ WINDOWS = 7  # windows per trial: a warm-up on the engine (compiles, page faults
 # speed drifts by ~10% over seconds: each path's best window is compared)
 RETRY = 4096  # long calls between trials
 ANCHOR_GAP = 128  # long calls without the anchor: the loop moved on, start over with a new one
+DRAIN_TIMEOUT = 1.0  # seconds a window's end waits for the engine (other threads may keep it
+# busy): past it the trial gives up and keeps the engine
 PATIENCE = 0.25  # seconds per iteration: longer is the loop pausing, not computing
 SYNC_SHIFT = 0.5  # sync points per iteration: a change this large re-runs the trial
 
@@ -36,8 +38,9 @@ SYNC_SHIFT = 0.5  # sync points per iteration: a change this large re-runs the t
 class DispatchTrial:
     """The path of one device's long calls, chosen by trial (see the module docstring).
     ``direct(key, clock, drain, syncs)`` is asked once per long call: ``key`` names the
-    executable, ``clock()`` reads seconds, ``drain()`` waits until the device's engine is idle
-    and ``syncs()`` counts the front end's sync points so far (drain's own not included)."""
+    executable, ``clock()`` reads seconds, ``drain(timeout)`` waits until the engine is idle
+    (False: it was not within timeout seconds) and ``syncs()`` counts the front end's sync
+    points so far (drain's own not included)."""
 
     def __init__(self):
         self._restart()
@@ -61,7 +64,7 @@ class DispatchTrial:
     def _loop_changed(self, syncs) -> bool:
         """At a decided anchor call: whether the loop's sync rate moved (every TRIAL)."""
         self.anchors += 1
-        if self.anchors % TRIAL:
+        if self.anchors % TRIAL or self.sync_rate is None:  # (None: the trial gave up)
             return False
         anchors, before = self.mark
         self.mark = (self.anchors, syncs())
@@ -87,7 +90,8 @@ class DispatchTrial:
                     self.mark = (0, syncs())
                 else:
                     n = syncs()  # before the drain: its wait is not the loop's
-                    drain()
+                    if not drain(DRAIN_TIMEOUT):
+                        return self._decide(False)
                     per = (clock() - self.start) / TRIAL
                     if per < PATIENCE and self.window:
                         self.per_iter[self.window % 2 == 0].append(per)

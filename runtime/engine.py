@@ -355,14 +355,19 @@ class Engine:
                               f"{others})",)
             self._raise(first)
 
-    def wait_idle(self, timeout: float | None = None):
-        """Block until nothing is in flight, like wait_all, but leave errors to be raised by
-        the next sync point: for callers that only need the cores to themselves."""
+    def wait_idle(self, timeout: float) -> bool:
+        """Block until nothing is in flight (at most ``timeout`` s), like wait_all, but leave
+        errors to the next sync point and never raise WaitTimeout: for callers that only want
+        the cores to themselves. Returns whether the engine went idle."""
         if threading.current_thread() in self._worker_threads:
-            return  # an op that waited for every op would wait for itself
+            return False  # an op that waited for every op would wait for itself
         with self._lock:
             if self._inflight:
-                self._wait_until(lambda: self._inflight == 0, timeout, "all ops")
+                try:
+                    self._wait_until(lambda: self._inflight == 0, timeout, "all ops")
+                except WaitTimeout:
+                    return False
+        return True
 
     def _wait_until(self, ready, timeout, what, counted=True):
         """Wait on _done_cv until ready(); counted: a wait for all ops (see _waiters)."""

@@ -22,10 +22,11 @@ class Loop:
     def clock(self):
         return self.now
 
-    def drain(self):
+    def drain(self, timeout):
         self.drains += 1
         self.now += self.backlog
         self.backlog = 0.0
+        return True
 
     def iteration(self):
         for key, share in (("fwd", 0.5), ("bwd", 0.5)):
@@ -90,6 +91,13 @@ def test_a_loop_that_starts_syncing_every_iteration_is_tried_again():
     assert loop.trial.choice is True and loop.trial.sync_rate == pytest.approx(1.0, abs=0.05)
     loop.run(3 * TRIAL)  # a steady loop: no more trials
     assert loop.trial.choice is True
+
+
+def test_an_engine_that_stays_busy_ends_the_trial_on_the_engine():
+    trial = DispatchTrial()
+    for _ in range(2 * TRIAL + 1):
+        trial.direct("fwd", lambda: 0.0, lambda timeout: False, lambda: 0)
+    assert trial.choice is False
 
 
 def test_a_new_loop_gets_a_new_anchor():

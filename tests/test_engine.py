@@ -723,3 +723,25 @@ def test_bad_arguments():
         engine.wait_all()
     finally:
         _shutdown(engine)
+
+
+def test_wait_idle_waits_reports_nothing_and_never_raises():
+    eng = Engine()
+    try:
+        v = Var()
+        eng.push(lambda: time.sleep(0.3), writes=(v,), device=cpu(0), name="slow")
+        assert eng.wait_idle(0.02) is False  # timed out: no WaitTimeout
+        assert eng.wait_idle(10.0) is True and eng.inflight == 0
+
+        def fail():
+            raise RuntimeError("boom")
+        eng.push(fail, writes=(Var(),), device=cpu(0), name="failing")
+        assert eng.wait_idle(10.0) is True  # the error is left for the next sync point
+        with pytest.raises(AsyncOpError, match="boom"):
+            eng.wait_all()
+        syncs = eng.sync_points
+        eng.wait_all()
+        eng.wait(v)
+        assert eng.sync_points == syncs + 2  # wait_idle is not one of the loop's syncs
+    finally:
+        eng.shutdown()
