@@ -563,8 +563,7 @@ def _inline(exe, device) -> bool:
     trial = _trials.get(device)
     if trial is None:
         trial = _trials[device] = DispatchTrial()
-    return trial.direct(id(exe), perf_counter, engine.wait_idle,
-                        lambda: engine.sync_points)
+    return trial.direct(id(exe), perf_counter, engine.wait_idle, engine.count_sync_points)
 
 
 _trials: dict = {}  # device -> DispatchTrial

@@ -355,6 +355,10 @@ class Engine:
                               f"{others})",)
             self._raise(first)
 
+    def count_sync_points(self) -> int:
+        """Calls of wait and wait_all so far: how often the front end syncs."""
+        return self.sync_points
+
     def wait_idle(self, timeout: float) -> bool:
         """Block until nothing is in flight (at most ``timeout`` s), like wait_all, but leave
         errors to the next sync point and never raise WaitTimeout: for callers that only want

@@ -531,8 +531,8 @@ SGEMM_PACK_MIN_ROWS = 32
 
 class MatmulPlan:
     """How one unbatched float32 GEMM runs as generated loops (llvm_sgemm): split by column
-    panels (by rows of tiles when C has a single panel), `workers` of them, each with `lay`
-    for its transposed panel of B."""
+    panels (by rows of tiles when C has a single panel), `workers` of them, each with the
+    scratch `lay` for its packed panel of B and, for a transposed A, A's strips."""
 
     def __init__(self, by, units, workers, lay):
         self.by, self.units, self.workers, self.lay = by, units, workers, lay

@@ -62,7 +62,7 @@ def panels(n: int) -> int:
 
 
 def pack_bytes(k: int) -> int:
-    """Scratch one worker needs to transpose a panel of B (tb)."""
+    """Scratch one worker needs for a packed panel of B (copied, or transposed when tb)."""
     return k * panel_cols() * 4
 
 
@@ -104,10 +104,10 @@ class _Kernel:
     def __init__(self, eb, ta, tb, m, n, k, a, lda, bp, ldb, c, ldc, pack, strips):
         self.eb, self.b = eb, eb.b
         self.ta, self.tb = ta, tb
-        self.m, self.n, self.k = m, n, k
+        self.m, self.k = m, k
         self.a, self.lda, self.bp, self.ldb, self.c, self.ldc = a, lda, bp, ldb, c, ldc
-        self.pack = pack  # tb: scratch for one transposed panel
-        self.strips = strips  # ta: scratch for A's strips
+        self.pack = pack  # scratch for one packed panel of B (None: B read in place)
+        self.strips = strips  # ta: scratch for A's strips (None: A read in place)
         self.lanes = vector_lanes("float32")
         self.vty = ir.VectorType(F32, self.lanes)
         self.mr, self.nr = tile_rows(), panel_cols()
@@ -286,8 +286,8 @@ def emit_sgemm(eb, ta, tb, m, n, k, a, lda, bp, ldb, c, ldc, pack=None, strips=N
     """C (m x n, row stride ldc) = op(A) @ op(B) for sizes sgemm_applies() takes.
 
     pack: pack_bytes(k) of the worker's scratch for B's panels (required when tb; None:
-    B's rows read in place); strips: ta only (None: A read in
-    place), strip_bytes(m, k) of it. part: one worker's share, as
+    B's rows read in place); strips: strip_bytes(m, k) of it for A's strips (ta only; None:
+    A read in place). part: one worker's share, as
     ``("cols", lo, hi)`` (panels [lo, hi) of panels(n), i64 values) or ``("rows", lo, hi,
     last)`` (row tiles [lo, hi) of m // MR, and the tail rows when the i1 `last` holds)."""
     kern = _Kernel(eb, ta, tb, m, n, k, a, lda, bp, ldb, c, ldc, pack, strips)
