@@ -1,6 +1,6 @@
 """Where long compiled calls run: in the caller, or on the device's engine worker.
 
-A quick call (tracing._INLINE_US) always runs in the caller when its device is idle. For
+A quick call (dispatch._INLINE_US) always runs in the caller when its device is idle. For
 longer ones neither choice wins everywhere: on the engine the front end's Python overlaps the
 native calls, but handing a call to the worker costs a thread wake-up and GIL round trips,
 and on a 2-core machine the Python and a 2-thread GEMM slow each other down. Measured on a

@@ -514,7 +514,7 @@ class Deployed:
         return exe
 
     def __call__(self, *args, **kwargs):
-        from .tracing import run_call  # noqa: PLC0415
+        from .dispatch import run_call  # noqa: PLC0415
         leaves, tree = flatten((args, kwargs))
         specs = [(tuple(a.shape), a._dtype) for a in leaves]
         want = [(s.shape, s.dtype) for s in self.input_specs]
@@ -522,8 +522,7 @@ class Deployed:
         if specs != want:
             batch = self._batch_of(specs, want)
         exe = self.executable(batch)
-        in_bufs, param_bufs = [a._buf for a in leaves], [p._buf for p in self.params]
-        outs = run_call(exe, self.device, in_bufs, param_bufs, "deployed")
+        outs = run_call(exe, self.device, leaves, self.params, "deployed")
         return unflatten(self.out_tree, outs[:self.n_outputs])
 
     def _batch_of(self, specs, want):

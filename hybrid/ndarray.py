@@ -35,6 +35,11 @@ def np_dtype(name: str) -> np.dtype:
 
 _INLINE_MAX = 1 << 14  # elements: smaller ops may run in the caller when their device is idle
 _INLINE_MACS = 1 << 18  # multiply-adds: a smaller matmul may run in the caller too (~10 us)
+# A fresh object after every in-place rebind of any array's buffer: a compiled call's caller
+# path holds its parameters' arrays while this is unchanged (dispatch.Caller). An object
+# stored, not a counter bumped: a store is atomic under the GIL, and a held token stays
+# unique.
+rebind_token = [object()]
 _VIEW_OPS = frozenset(("transpose", "broadcast_to", "slice"))  # O(1) at any size: views
 
 
@@ -220,6 +225,8 @@ class NDArray:
                 f"`x += v` (at {_fmt(user_frame())})")
         self._buf = new._buf
         self._node = new._node
+        rebind_token[0] = object()  # after the store: a reader that sees the old token sees
+        # the old buffer too, or re-reads
 
     # ------------------------------------------------------------ autograd
     def attach_grad(self, grad_req: str = "write", stype=None):

@@ -12,7 +12,6 @@ import dataclasses
 import functools
 import sys
 import threading
-from time import perf_counter, thread_time
 
 import numpy as np
 
@@ -22,12 +21,11 @@ from runtime import config
 from runtime import engine as _engine_mod
 from runtime.device import cpu, parse_device
 from runtime.executable import PartitionedExecutable
-from runtime.memory import Buffer
 
 from . import _state
-from .call_mode import DispatchTrial
+from .dispatch import _push, caller_of
 from ._where import user_frame
-from .ndarray import NDArray
+from .ndarray import NDArray, rebind_token
 from .nn.parameter import data_epoch as _param_epoch
 
 _log_re = config.logger("recompiles")
@@ -307,12 +305,19 @@ class Compiled:
     # needs-grad flags -> (TrainingGraphs, fwd exe, bwd exe, wrt input idx, wrt param idx)
     train: dict = dataclasses.field(default_factory=dict)
     handles: tuple = ()  # (parameter epoch, the parameters' arrays): see _param_handles
-    direct: bool = False  # no random key, no state updates, one device: see run_direct
+    direct: bool = False  # no random key, no state updates, one device: see dispatch.run_direct
+    caller: object = None  # its dispatch.Caller, once a direct call made it
     param_devices: list = dataclasses.field(default_factory=list)  # the device of each param
     trace_seconds: float = 0.0
 
     def executable(self):
         return self.exe
+
+    def make_caller(self):
+        """The Caller of this (direct) entry's executable, on the device it was traced for."""
+        self.caller = caller_of(self.exe, self.signature[1][0][2] if self.signature[1]
+                                else cpu(0))
+        return self.caller
 
 
 class CachedFunction:
@@ -341,18 +346,20 @@ class CachedFunction:
 
     def __call__(self, args, kwargs):
         if not kwargs:  # the common case: positional arrays only, no pytree walk
-            fast = []
+            loc = _state.local
+            key = [loc.training]  # then shape, dtype, device of each argument
             for a in args:
                 if type(a) is not NDArray:
                     break
-                fast.append((a.shape, a._dtype, a.device))
+                key += a.shape, a._dtype, a.device
             else:
-                entry = self.fast.get((tuple(fast), _state.local.training))
+                entry = self.fast.get(tuple(key))
                 if entry is not None:
-                    if entry.direct and not _state.local.recording:
-                        outs = run_call(entry.exe, args[0].device if args else cpu(0),
-                                        [a._buf for a in args],
-                                        [h._buf for h in _param_handles(entry)], self.name)
+                    if entry.direct and not loc.recording:
+                        handles = entry.handles  # _param_handles' cache, checked inline
+                        handles = handles[1] if handles and handles[0] == _param_epoch[0] \
+                            else _param_handles(entry)
+                        outs = (entry.caller or entry.make_caller())(args, handles, self.name)
                         return outs[0] if entry.out_tree == _SINGLE else \
                             unflatten(entry.out_tree, outs[:entry.n_user_out])
                     return _run(entry, args, self.name)
@@ -367,7 +374,7 @@ class CachedFunction:
                 entry = self.entries.get(sig) or self._build(sig, leaves, tree, args, kwargs)
             if not kwargs and len(leaves) == len(args) and all(type(a) is NDArray
                                                                 for a in args):
-                self.fast[(sig[1], sig[2])] = entry
+                self.fast[(sig[2],) + tuple(x for spec in sig[1] for x in spec)] = entry
         return _run(entry, leaves, self.name)
 
     def _build(self, sig, leaves, tree, args, kwargs):
@@ -511,145 +518,6 @@ def _needs_grad(a) -> bool:
     return a._node is not None or a._grad_req != "null"
 
 
-_INLINE_US = 60.0  # a compiled call this quick runs in the caller when its device is idle
-
-
-def _push_parts(exe, in_bufs, param_bufs, name):
-    """A graph spanning devices: one engine op per part on its own device; the engine orders
-    a part after the parts whose outputs it reads, and runs the others at once."""
-    outs = []
-    for part in exe.parts:
-        ins = [in_bufs[r[1]] if r[0] == "input" else outs[r[1]][r[2]]._buf
-               for r in part.inputs]
-        ps = [param_bufs[r[1]] for r in part.params]
-        outs.append(_push(part.exe, parse_device(part.device), ins, ps, part.exe.out_specs,
-                          f"{name}@{part.device}"))
-    results = []
-    for ref, spec in zip(exe.outputs, exe.out_specs):
-        if ref[0] == "part":
-            results.append(outs[ref[1]][ref[2]])
-        elif ref[0] == "const":
-            results.append(NDArray(Buffer(np.array(ref[1])), spec.shape, spec.dtype,
-                                   exe.device))
-        else:  # an input or parameter handed back: buffers are immutable, share it
-            buf = (in_bufs if ref[0] == "input" else param_bufs)[ref[1]]
-            results.append(NDArray(buf, spec.shape, spec.dtype, exe.device))
-    return results
-
-
-def run_call(exe, device, in_bufs, param_bufs, name):
-    """The outputs of one compiled call that autograd does not record and that touches no
-    state (CachedFunction's ``direct`` entries, deployed models): run here when the caller
-    is the place (_inline) and its inputs are ready, else queued on the engine."""
-    inline = _inline(exe, device)
-    if inline:
-        outs = run_direct(exe, device, in_bufs, param_bufs)
-        if outs is not None:
-            return outs
-    return _push(exe, device, in_bufs, param_bufs, exe.out_specs, name, inline)
-
-
-def _inline(exe, device) -> bool:
-    """Whether a call may run in the caller: a quick one always (when its device is idle), a
-    long one when the device's DispatchTrial found the loop faster so (call_mode.py)."""
-    engine = _engine_mod.get_engine()
-    if not engine.inline:
-        return False
-    us = exe.report.get("avg_us")
-    if us is None:  # the first call: its cost is not known yet
-        return False
-    if us < _INLINE_US:
-        return True
-    trial = _trials.get(device)
-    if trial is None:
-        trial = _trials[device] = DispatchTrial()
-    return trial.direct(id(exe), perf_counter, engine.wait_idle, engine.count_sync_points)
-
-
-_trials: dict = {}  # device -> DispatchTrial
-
-
-def _push(exe, device, in_bufs, param_bufs, out_specs, name, inline=None):
-    """Queue one compiled call on the engine (inline: whether it may run in the caller when
-    its device is idle; None: decide with _inline)."""
-    if isinstance(exe, PartitionedExecutable):
-        return _push_parts(exe, in_bufs, param_bufs, name)
-    outs = [NDArray(Buffer(), s.shape, s.dtype, device) for s in out_specs]
-    out_bufs = [o._buf for o in outs]
-    xp = device.xp
-    timing = exe.report
-
-    def run():
-        t0 = thread_time()  # CPU time: waiting for the GIL or a busy core does not count
-        res = exe(xp, [b.data for b in in_bufs], [b.data for b in param_bufs])
-        for ob, r in zip(out_bufs, res):
-            ob.data = r
-        # decides whether later calls may run inline (no thread hand-off)
-        _note_cost(timing, thread_time() - t0)
-
-    if inline is None:
-        inline = _inline(exe, device)
-    _engine_mod.get_engine().push(
-        run, tuple(b.var for b in in_bufs) + tuple(b.var for b in param_bufs),
-        tuple(b.var for b in out_bufs), device, name, user_frame(), inline)
-    return outs
-
-
-def _note_cost(timing: dict, seconds: float):
-    """Update a compiled call's cost estimate (``avg_us``), which decides whether it runs
-    in the caller. A decayed minimum, not a mean: a sample inflated by a busy core (a pool
-    thread preempted while the caller waits for its chunk) must not flip a quick call onto
-    the engine path, where hand-offs keep inflating the samples (measured: 13 -> 32 us per
-    batch-1 call, stuck). A call that really got slower still moves up, 10% per sample."""
-    us = seconds * 1e6
-    timing["avg_us"] = min(us, 1.1 * timing.get("avg_us", us))
-
-
-def _computed(bufs):
-    """The buffers' arrays, or None when one is still being computed."""
-    out = []
-    for b in bufs:
-        d = b.data
-        if d is None:
-            return None
-        out.append(d)
-    return out
-
-
-def run_direct(exe, device, in_bufs, param_bufs):
-    """Run a compiled call right here, without the engine (run_call decides when): its inputs
-    and parameters are computed already (buffers are immutable, so nothing queued can change
-    them) and its outputs are fresh buffers no queued op knows, so skipping dependency
-    tracking loses no ordering. This is the batch-1 path: the Python glue around one native
-    call is the whole cost. Returns the output arrays, or None to take the engine path
-    instead (a pending input, a failure: the engine re-runs it and reports the error where
-    the result is read, as always)."""
-    timing = exe.report
-    ins = _computed(in_bufs)
-    if ins is None:
-        return None
-    bufs = tuple(param_bufs)
-    held = timing.get("param_data")
-    if held is not None and held[0] == bufs:  # the same buffers (identity): the same data
-        ps = held[1]
-    else:
-        ps = _computed(param_bufs)
-        if ps is None:
-            return None
-        timing["param_data"] = (bufs, ps)  # one list object: NativeRun's binding check is
-        # then a single identity test
-    calls = timing["direct_calls"] = timing.get("direct_calls", 0) + 1
-    sample = not calls & 15  # a compiled call's cost is steady: time one call in 16
-    t0 = thread_time() if sample else 0.0
-    try:
-        res = exe.run(device.xp, ins, ps)
-    except Exception:  # noqa: BLE001 - re-run through the engine, which reports it
-        return None
-    if sample:
-        _note_cost(timing, thread_time() - t0)
-    return [NDArray(Buffer(r), s.shape, s.dtype, device) for r, s in zip(res, exe.out_specs)]
-
-
 def _run(entry: Compiled, leaves, name):
     device = leaves[0].device if leaves else cpu(0)
     handles = _param_handles(entry)
@@ -664,8 +532,8 @@ def _run(entry: Compiled, leaves, name):
         outs = _push(entry.exe, device, [a._buf for a in inputs], [h._buf for h in handles],
                      entry.exe.out_specs, name)
     for p, k in entry.state_updates:
-        h = handles[entry.params.index(p)]
-        h._buf = outs[k]._buf
+        handles[entry.params.index(p)]._buf = outs[k]._buf
+        rebind_token[0] = object()
     if entry.out_tree == _SINGLE:  # the common case: one array out
         return outs[0]
     return unflatten(entry.out_tree, outs[:entry.n_user_out])

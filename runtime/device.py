@@ -17,17 +17,25 @@ class DeviceError(RuntimeError):
 
 
 class Device:
-    __slots__ = ("kind", "index", "_key", "_hash")
+    """A device, one object per (kind, index): ``cpu(0) is cpu(0)``. Interned so that equality
+    and hashing are the object's own (C-level identity): devices key the signature caches
+    and engine tables that every call looks up."""
 
-    def __init__(self, kind: str, index: int = 0):
+    __slots__ = ("kind", "index", "_key", "__weakref__")
+    _interned: dict = {}
+
+    def __new__(cls, kind: str, index: int = 0):
         if kind not in ("cpu", "gpu"):
             raise ValueError(f"device kind must be 'cpu' or 'gpu', got {kind!r}")
         if not isinstance(index, (int, np.integer)) or index < 0:
             raise ValueError(f"device index must be a non-negative int, got {index!r}")
-        self.kind = kind
-        self.index = int(index)
-        self._key = (kind, self.index)
-        self._hash = hash(self._key)  # devices key many dicts on hot paths
+        key = (kind, int(index))
+        dev = cls._interned.get(key)
+        if dev is None:
+            dev = object.__new__(cls)
+            dev.kind, dev.index, dev._key = kind, key[1], key
+            dev = cls._interned.setdefault(key, dev)  # two threads creating it: one wins
+        return dev
 
     @property
     def device_type(self) -> str:
@@ -51,12 +59,6 @@ class Device:
             raise DeviceError(f"{self} was used, but this machine has {n} GPU(s); "
                               f"use hb.gpu(i) with i < {n}, or hb.cpu()")
         return cp
-
-    def __eq__(self, other):
-        return isinstance(other, Device) and self._key == other._key
-
-    def __hash__(self):
-        return self._hash
 
     def __repr__(self):
         return f"{self.kind}({self.index})"

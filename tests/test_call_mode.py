@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import hybrid as hb
-from hybrid import autograd, call_mode, loss, nn, tracing
+from hybrid import autograd, call_mode, dispatch, loss, nn
 from hybrid.call_mode import PATIENCE, RETRY, TRIAL, WINDOWS, DispatchTrial
 
 
@@ -113,15 +113,15 @@ def test_a_new_loop_gets_a_new_anchor():
 
 @pytest.fixture
 def short_trials(monkeypatch):
-    monkeypatch.setattr(tracing, "_INLINE_US", 0.0)  # every call counts as long
+    monkeypatch.setattr(dispatch, "_INLINE_US", 0.0)  # every call counts as long
     monkeypatch.setattr(call_mode, "TRIAL", 2)
     monkeypatch.setattr(call_mode, "RETRY", 10)  # try both paths again and again
-    monkeypatch.setattr(tracing, "_trials", {})
+    monkeypatch.setattr(dispatch, "_trials", {})
 
 
 def test_long_inference_calls_match_on_either_path(short_trials, monkeypatch):
     paths = {"caller": 0, "engine": 0}
-    real_direct, real_push = tracing.run_direct, tracing._push
+    real_direct, real_push = dispatch.run_direct, dispatch._push
 
     def direct(*a):
         paths["caller"] += 1
@@ -130,8 +130,8 @@ def test_long_inference_calls_match_on_either_path(short_trials, monkeypatch):
     def push(*a):
         paths["engine"] += 1
         return real_push(*a)
-    monkeypatch.setattr(tracing, "run_direct", direct)
-    monkeypatch.setattr(tracing, "_push", push)
+    monkeypatch.setattr(dispatch, "run_direct", direct)
+    monkeypatch.setattr(dispatch, "_push", push)
     net = nn.HybridSequential()
     net.add(nn.Dense(32, activation="relu"), nn.Dense(4))
     net.initialize()

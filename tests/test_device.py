@@ -1,6 +1,7 @@
 """Devices (runtime/device.py): identity, parsing, and clear errors where a GPU is missing."""
 from __future__ import annotations
 
+import copy
 import pickle
 
 import numpy as np
@@ -27,6 +28,9 @@ def test_equality_hash_repr():
     assert (cpu(2).device_type, cpu(2).device_id) == ("cpu", 2)
     assert (gpu(1).device_type, gpu(1).device_id) == ("gpu", 1)
     assert pickle.loads(pickle.dumps(gpu(3))) == gpu(3)
+    # interned: one object per device, also through copies and unpickling
+    assert cpu(1) is Device("cpu", np.int64(1)) is copy.deepcopy(cpu(1))
+    assert pickle.loads(pickle.dumps(gpu(3))) is gpu(3)
 
 
 @pytest.mark.timeout(30)

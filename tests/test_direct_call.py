@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import hybrid as hb
-from hybrid import autograd, nn, tracing
+from hybrid import autograd, dispatch, nn
 from hybrid.ndarray import NDArray
 from runtime import engine
 from runtime.memory import Buffer
@@ -26,13 +26,13 @@ def _expected(net, x):
 @pytest.fixture
 def count_direct(monkeypatch):
     hits = {"direct": 0, "engine": 0}
-    real = tracing.run_direct
+    real = dispatch.run_direct
 
     def spy(*args):
         out = real(*args)
         hits["direct" if out is not None else "engine"] += 1
         return out
-    monkeypatch.setattr(tracing, "run_direct", spy)
+    monkeypatch.setattr(dispatch, "run_direct", spy)
     return hits
 
 
@@ -59,6 +59,27 @@ def test_direct_calls_match_and_see_parameter_updates(backend, count_direct):
     trainer.step(1)  # in-place updates rebind each parameter array's buffer
     np.testing.assert_allclose(net(x).asnumpy(), _expected(net, x.asnumpy()), rtol=1e-5,
                                atol=1e-6)
+
+
+def test_direct_calls_see_in_place_updates_of_parameter_arrays(count_direct):
+    """The caller's path holds its parameters' arrays until some array is rebound: each
+    in-place form (slice assignment, augmented assignment, copyto) must be seen at once."""
+    net = _mlp()
+    x = hb.random.normal(size=(1, 8))
+    net.hybridize(backend="llvm")
+    for _ in range(40):
+        net(x).wait_to_read()
+    w, b = net[0].weight.data(), net[1].bias.data()
+    updates = [lambda: w.__setitem__(slice(None), w * 0.5),
+               lambda: b.__iadd__(1.0),
+               lambda: (w * -1).copyto(w)]
+    for update in updates:
+        before = count_direct["direct"]
+        update()
+        hb.waitall()  # the update computed: the call can run in the caller
+        np.testing.assert_allclose(net(x).asnumpy(), _expected(net, x.asnumpy()), rtol=1e-5,
+                                   atol=1e-6)
+        assert count_direct["direct"] == before + 1  # and it ran in the caller
 
 
 def test_failed_input_is_reported_where_it_is_read(count_direct):
@@ -170,7 +191,7 @@ def test_cost_estimate_ignores_outliers_but_follows_a_real_slowdown():
     """The direct-call decision (a call under _INLINE_US runs in the caller): a few samples
     inflated by a busy core must not flip a quick call onto the engine path; a call that
     really became slow must leave it."""
-    from hybrid.tracing import _INLINE_US, _note_cost
+    from hybrid.dispatch import _INLINE_US, _note_cost
     timing = {}
     _note_cost(timing, 12e-6)
     for _ in range(3):

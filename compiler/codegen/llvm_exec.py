@@ -44,7 +44,7 @@ class NativeRun:
             kind = entry[0]
             want = (tuple(slot.shape), np.dtype(slot.dtype))
             if kind == "input":
-                self.inputs.append((pos, entry[1], want))
+                self.inputs.append((pos, entry[1]) + want)
             elif kind == "param":
                 self.params.append((pos, entry[1], want))
             elif kind == "const":
@@ -56,8 +56,9 @@ class NativeRun:
             else:
                 self.aliases.append((pos, entry[1]))
         self.outs.sort(key=lambda t: t[1])
-        self.outs = [(pos, k, want, math.prod(want[0]) * want[1].itemsize)
-                     for pos, k, want in self.outs]
+        self.outs = [(pos, shape, dt, math.prod(shape) * dt.itemsize)
+                     for pos, _, (shape, dt) in self.outs]
+        self._pooled = any(nbytes > SMALL_OUTPUT for *_, nbytes in self.outs)
         self.results = binding.outputs
         self.plain = [tuple(r) for r in self.results] == [("slot", k)
                                                            for k in range(len(self.outs))]
@@ -76,32 +77,36 @@ class NativeRun:
         return a
 
     def __call__(self, xp, inputs, params):
-        keep = []  # converted inputs stay alive until the call returns
-        if self.lock.acquire(blocking=False):
-            try:  # the shared pointer table and arena: only ever written under the lock
+        if not self.lock.acquire(False):  # another thread runs this executable
+            return self._call_private(inputs, params)
+        try:  # the shared pointer table and arena: only ever written under the lock
+            if params is not self._held_list:
                 held = self._held
-                if params is not self._held_list and (
-                        len(held) != len(params) or any(map(is_not, params, held))):
+                if len(held) != len(params) or any(map(is_not, params, held)):
                     self._bind_params(params)  # parameters change only when rebound
                 self._held_list = params
-                outs = self._fill(self.io, inputs, keep)
-                self.cfunc(self._io_arg, self._arena_arg)
-            finally:
-                self.lock.release()
-        else:  # another thread runs this executable: a private pointer table and arena
-            io = (ctypes.c_void_p * len(self.io))(*self._template)
-            for pos, i, want in self.params:
-                a = self._prep(params[i], want)
-                keep.append(a)
-                io[pos] = data_address(a)
-            outs = self._fill(io, inputs, keep)
-            arena, aptr = aligned_empty((max(self.arena_bytes, 1),), np.uint8)
-            self.cfunc(ctypes.addressof(io), aptr)
-        return self._results(outs, inputs, params)
+            keep = []  # converted inputs stay alive until the call returns
+            outs = self._fill(self.io, inputs, keep)
+            self.cfunc(self._io_arg, self._arena_arg)
+        finally:
+            self.lock.release()
+        return outs if self.plain else self._results(outs, inputs, params)
+
+    def _call_private(self, inputs, params):
+        """A call while another thread holds the shared table: a private pointer table and
+        arena, so two threads may run one executable at once."""
+        keep = []
+        io = (ctypes.c_void_p * len(self.io))(*self._template)
+        for pos, i, want in self.params:
+            a = self._prep(params[i], want)
+            keep.append(a)
+            io[pos] = data_address(a)
+        outs = self._fill(io, inputs, keep)
+        arena, aptr = aligned_empty((max(self.arena_bytes, 1),), np.uint8)
+        self.cfunc(ctypes.addressof(io), aptr)
+        return outs if self.plain else self._results(outs, inputs, params)
 
     def _results(self, outs, inputs, params):
-        if self.plain:  # every result is a fresh output slot, in order
-            return outs
         res = []
         for kind, v in self.results:
             if kind == "slot":
@@ -116,23 +121,18 @@ class NativeRun:
 
     def _fill(self, io, inputs, keep):
         """Write the input and fresh output addresses into pointer table ``io``."""
-        for pos, i, want in self.inputs:
+        for pos, i, shape, dt in self.inputs:
             a = inputs[i]
-            if type(a) is not np.ndarray or a.dtype != want[1] or a.shape != want[0] or \
+            # dtype identity: NumPy's built-in dtypes are singletons, and a miss only costs
+            # the conversion check below, never a wrong pointer
+            if type(a) is not np.ndarray or a.dtype is not dt or a.shape != shape or \
                     not a.flags.c_contiguous:
-                a = self._prep(a, want)
+                a = self._prep(a, (shape, dt))
                 keep.append(a)
             io[pos] = data_address(a)
-        outs = self._outputs(io)
-        for pos, src in self.aliases:
-            io[pos] = io[src]
-        return outs
-
-    def _outputs(self, io):
-        """Fresh output arrays, their addresses written into pointer table ``io``."""
         outs = []
-        pool = host_pool()
-        for pos, _, (shape, dt), nbytes in self.outs:
+        pool = host_pool() if self._pooled else None
+        for pos, shape, dt, nbytes in self.outs:
             if nbytes <= SMALL_OUTPUT:  # NumPy's own alignment serves small outputs
                 a = np.empty(shape, dt)
                 io[pos] = data_address(a)
@@ -141,6 +141,8 @@ class NativeRun:
             else:
                 a, io[pos] = aligned_empty(shape, dt)
             outs.append(a)
+        for pos, src in self.aliases:
+            io[pos] = io[src]
         return outs
 
     def _bind_params(self, params):

@@ -461,8 +461,10 @@ class HybridBlock(Block):
         if self._forward_pre_hooks:
             for hook in list(self._forward_pre_hooks.values()):
                 hook(self, args)
-        if self._active and not _state.tracing():
-            out = _tracing().call_cached(self, args, kwargs)
+        if self._active and _state.local.trace is None:
+            cache = self._cached  # None until the first hybridized call builds it
+            out = cache(args, kwargs) if cache is not None else \
+                _tracing().call_cached(self, args, kwargs)
         else:
             out = self.forward(*args, **kwargs)
         if self._forward_hooks:

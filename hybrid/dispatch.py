@@ -1,0 +1,212 @@
+"""Where a compiled call runs: in the caller, or as one op on its device's engine.
+
+A call that autograd does not record and that touches no state (CachedFunction's ``direct``
+entries, deployed models) runs in the caller when it is quick (or the device's DispatchTrial
+found the loop faster so, call_mode.py) and its inputs are computed: no dependency tracking
+is lost, as buffers are immutable and its outputs are fresh. Everything else is pushed to the
+engine, which orders it after the ops writing its inputs. At batch 1 the Python around one
+native call is most of the cost, so the caller's path reads state held per executable
+(:class:`Caller`) and checks only what can change between calls.
+"""
+from __future__ import annotations
+
+from operator import attrgetter
+from time import perf_counter, thread_time
+
+import numpy as np
+
+from runtime import engine as _engine_mod
+from runtime.device import parse_device
+from runtime.executable import PartitionedExecutable
+from runtime.memory import Buffer
+
+from ._where import user_frame
+from .call_mode import DispatchTrial
+from .ndarray import NDArray, rebind_token
+from .nn.parameter import data_epoch
+
+_INLINE_US = 60.0  # a compiled call this quick runs in the caller when its device is idle
+_SAMPLE_EVERY = 16  # a compiled call's cost is steady: the caller's path times one call in 16
+_buf_of = attrgetter("_buf")
+_trials: dict = {}  # device -> DispatchTrial
+
+
+def run_call(exe, device, args, params, name):
+    """The output arrays of one compiled call over arrays ``args`` and ``params`` (see the
+    module docstring)."""
+    return caller_of(exe, device)(args, params, name)
+
+
+def caller_of(exe, device) -> "Caller":
+    """The executable's Caller (one per executable, made on its first call)."""
+    caller = exe.report.get("caller")
+    if caller is None:
+        caller = exe.report["caller"] = Caller(exe, device)
+    return caller
+
+
+class Caller:
+    """Runs one executable's calls (run_call), keeping what they share: its cost estimate's
+    dict, the parameters' arrays (re-read only when the parameter list, a Parameter's arrays
+    or some array's buffer changed: every in-place update leaves a new rebind token), the
+    output specs, a call count for sampling the cost."""
+
+    __slots__ = ("exe", "device", "timing", "run", "xp", "outs", "out_shape", "out_dtype",
+                 "plist", "token", "epoch", "bufs", "data", "calls")
+
+    def __init__(self, exe, device):
+        self.exe, self.device, self.timing = exe, device, exe.report
+        self.run = getattr(exe, "run", None)  # a PartitionedExecutable has none: its parts
+        # run on the engine (it never gets a cost estimate, so inline() stays False)
+        self.xp = device.xp
+        self.outs = [(tuple(s.shape), s.dtype) for s in exe.out_specs]
+        self.out_shape, self.out_dtype = self.outs[0] if self.outs else (None, None)
+        self.plist = self.token = self.epoch = self.bufs = self.data = None
+        self.calls = 0
+
+    def __call__(self, args, params, name):
+        """In the caller when inline() says so and the inputs are ready, else queued on the
+        engine."""
+        us = self.timing.get("avg_us")
+        if us is not None and us < _INLINE_US and _engine_mod._engine is not None and \
+                _engine_mod._engine.inline:  # inline()'s common case, spelled out: per call
+            inline = True
+        else:
+            inline = self.inline()
+        if inline:
+            outs = run_direct(self, args, params)
+            if outs is not None:
+                return outs
+        return _push(self.exe, self.device, [a._buf for a in args],
+                     list(map(_buf_of, params)), self.exe.out_specs, name, inline)
+
+    def inline(self) -> bool:
+        """Whether a call may run in the caller: a quick one always (when its device is
+        idle), a long one when the device's DispatchTrial found the loop faster so."""
+        engine = _engine_mod._engine or _engine_mod.get_engine()
+        us = self.timing.get("avg_us")
+        if us is None or not engine.inline:  # the first call: its cost is not known yet
+            return False
+        return us < _INLINE_US or _trial(self.device).direct(
+            id(self.exe), perf_counter, engine.wait_idle, engine.count_sync_points)
+
+    def param_data(self, params):
+        """The parameters' arrays, or None while one is still being computed; the same list
+        object while the buffers are the same (NativeRun's binding check is then a single
+        identity test). run_direct skips this while nothing changed (see the class)."""
+        token, epoch = rebind_token[0], data_epoch[0]  # read before the buffers
+        bufs = tuple(map(_buf_of, params))
+        if bufs != self.bufs:  # buffers are immutable: the same buffers hold the same data
+            data = []
+            for b in bufs:
+                d = b.data
+                if d is None:
+                    return None
+                data.append(d)
+            self.bufs, self.data = bufs, data
+        self.plist, self.token, self.epoch = params, token, epoch
+        return self.data
+
+
+def _inline(exe, device) -> bool:
+    return caller_of(exe, device).inline()
+
+
+def _trial(device) -> DispatchTrial:
+    trial = _trials.get(device)
+    if trial is None:
+        trial = _trials[device] = DispatchTrial()
+    return trial
+
+
+def run_direct(caller, args, params):
+    """Run a compiled call right here, without the engine: its inputs and parameters are
+    computed already (buffers are immutable, so nothing queued can change them) and its
+    outputs are fresh buffers no queued op knows, so skipping dependency tracking loses no
+    ordering. Returns the output arrays, or None to take the engine path instead (a pending
+    input, a failure: the engine re-runs it and reports the error where the result is read,
+    as always)."""
+    ins = []
+    for a in args:
+        d = a._buf.data
+        if d is None:
+            return None
+        ins.append(d)
+    if params is caller.plist and rebind_token[0] is caller.token and \
+            data_epoch[0] == caller.epoch:
+        ps = caller.data
+    else:
+        ps = caller.param_data(params)
+        if ps is None:
+            return None
+    calls = caller.calls = caller.calls + 1
+    t0 = None if calls % _SAMPLE_EVERY else thread_time()
+    try:
+        res = caller.run(caller.xp, ins, ps)
+    except Exception:  # noqa: BLE001 - re-run through the engine, which reports it
+        return None
+    if t0 is not None:
+        _note_cost(caller.timing, thread_time() - t0)
+    device = caller.device
+    if len(res) == 1:
+        return [NDArray(Buffer(res[0]), caller.out_shape, caller.out_dtype, device)]
+    return [NDArray(Buffer(r), shape, dt, device) for r, (shape, dt) in zip(res, caller.outs)]
+
+
+def _push(exe, device, in_bufs, param_bufs, out_specs, name, inline=None):
+    """Queue one compiled call on the engine (inline: whether it may run in the caller when
+    its device is idle; None: decide with _inline)."""
+    if isinstance(exe, PartitionedExecutable):
+        return _push_parts(exe, in_bufs, param_bufs, name)
+    outs = [NDArray(Buffer(), s.shape, s.dtype, device) for s in out_specs]
+    out_bufs = [o._buf for o in outs]
+    xp = device.xp
+    timing = exe.report
+
+    def run():
+        t0 = thread_time()  # CPU time: waiting for the GIL or a busy core does not count
+        res = exe(xp, [b.data for b in in_bufs], [b.data for b in param_bufs])
+        for ob, r in zip(out_bufs, res):
+            ob.data = r
+        # decides whether later calls may run inline (no thread hand-off)
+        _note_cost(timing, thread_time() - t0)
+
+    if inline is None:
+        inline = _inline(exe, device)
+    _engine_mod.get_engine().push(
+        run, tuple(b.var for b in in_bufs) + tuple(b.var for b in param_bufs),
+        tuple(b.var for b in out_bufs), device, name, user_frame(), inline)
+    return outs
+
+
+def _push_parts(exe, in_bufs, param_bufs, name):
+    """A graph spanning devices: one engine op per part on its own device; the engine orders
+    a part after the parts whose outputs it reads, and runs the others at once."""
+    outs = []
+    for part in exe.parts:
+        ins = [in_bufs[r[1]] if r[0] == "input" else outs[r[1]][r[2]]._buf
+               for r in part.inputs]
+        ps = [param_bufs[r[1]] for r in part.params]
+        outs.append(_push(part.exe, parse_device(part.device), ins, ps, part.exe.out_specs,
+                          f"{name}@{part.device}"))
+    results = []
+    for ref, spec in zip(exe.outputs, exe.out_specs):
+        if ref[0] == "part":
+            results.append(outs[ref[1]][ref[2]])
+        elif ref[0] == "const":
+            results.append(NDArray(Buffer(np.array(ref[1])), spec.shape, spec.dtype,
+                                   exe.device))
+        else:  # an input or parameter handed back: buffers are immutable, share it
+            buf = (in_bufs if ref[0] == "input" else param_bufs)[ref[1]]
+            results.append(NDArray(buf, spec.shape, spec.dtype, exe.device))
+    return results
+
+
+def _note_cost(timing: dict, seconds: float):
+    """Update a compiled call's cost estimate (``avg_us``), which decides whether it runs
+    in the caller. A decayed minimum, not a mean: a sample inflated by a busy core (a pool
+    thread preempted while the caller waits for its chunk) must not flip a quick call onto
+    the engine path, where hand-offs keep inflating the samples (measured: 13 -> 32 us per
+    batch-1 call, stuck). A call that really got slower still moves up, 10% per sample."""
+    us = seconds * 1e6
+    timing["avg_us"] = min(us, 1.1 * timing.get("avg_us", us))
