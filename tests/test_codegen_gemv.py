@@ -40,3 +40,110 @@ def test_gemv_rows_propagates_nan_and_inf():
     w = net.weight.data().asnumpy()
     ref = x @ w.T + net.bias.data().asnumpy()
     np.testing.assert_array_equal(np.isnan(out), np.isnan(ref))
+
+
+# --------------------------------------------------------------------- packed weights
+def _packed_dense(k, n, dtype):
+    net = nn.Dense(n, in_units=k, dtype=dtype)
+    net.initialize()
+    net.hybridize(backend="llvm")
+    return net
+
+
+def _states(net):
+    from compiler.codegen.llvm_exec import NativeRun  # noqa: PLC0415
+    entry = next(iter(net._cached.entries.values()))
+    run = entry.exe.run
+    assert isinstance(run, NativeRun)
+    return [int(s[0]) for s in run._pack_states]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("k,n", [(512, 256), (16, 8), (33, 9), (300, 260), (1024, 77)])
+def test_packed_weights_give_the_same_bits_as_reading_in_place(k, n, dtype):
+    """From a binding's second call the weights come from the packed copy: the same FMA
+    chains in the same order, so every bit of the result is the same."""
+    from compiler.codegen.llvm_gemv import PACK_READY, PACK_SEEN  # noqa: PLC0415
+    net = _packed_dense(k, n, dtype)
+    x = hb.random.normal(size=(1, k)).astype(dtype)
+    in_place = net(x).asnumpy()  # the binding's first call: weights read in place
+    assert _states(net) == [PACK_SEEN]
+    packing = net(x).asnumpy()  # the second packs them, then reads the copy
+    assert _states(net) == [PACK_READY]
+    packed = net(x).asnumpy()
+    np.testing.assert_array_equal(packing, in_place)
+    np.testing.assert_array_equal(packed, in_place)
+    w, b = net.weight.data().asnumpy(), net.bias.data().asnumpy()
+    tol = 2e-5 if dtype == "float32" else 1e-12
+    np.testing.assert_allclose(packed, x.asnumpy() @ w.T + b, rtol=tol, atol=tol)
+
+
+def test_new_weights_are_packed_again():
+    """Every binding of new parameter arrays (set_data, an optimizer step, an in-place
+    update) starts over: the next call reads the new weights, never a stale copy."""
+    net = _packed_dense(64, 32, "float32")
+    x = hb.random.normal(size=(1, 64))
+    for _ in range(4):
+        net(x).wait_to_read()
+    w = net.weight.data()
+
+    from compiler.codegen.llvm_gemv import PACK_READY  # noqa: PLC0415
+    assert _states(net) == [PACK_READY]  # the old weights' copy is in use
+
+    def check():
+        for _ in range(3):  # in place, packing, packed
+            ref = x.asnumpy() @ net.weight.data().asnumpy().T + net.bias.data().asnumpy()
+            np.testing.assert_allclose(net(x).asnumpy(), ref, rtol=2e-5, atol=2e-5)
+        assert _states(net) == [PACK_READY]
+    net.weight.set_data(w * 2)
+    check()
+    net.weight.data()[:] = net.weight.data() - 1
+    check()
+    trainer = hb.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.5})
+    with autograd.record():
+        loss = net(x).sum()
+    loss.backward()
+    trainer.step(1)
+    check()
+
+
+def test_arenas_without_a_binding_owner_never_use_a_packed_copy():
+    """A program run with other parameters each call (run_program, a second thread's
+    private arena) reads the weights in place: its arena's pack states stay zero."""
+    import threading  # noqa: PLC0415
+
+    from compiler.codegen.llvm import run_program  # noqa: PLC0415
+    net = _packed_dense(64, 16, "float32")
+    x = hb.random.normal(size=(1, 64))
+    for _ in range(3):
+        net(x).wait_to_read()
+    entry = next(iter(net._cached.entries.values()))
+    compiled = entry.exe.run.compiled
+    rng = np.random.default_rng(0)
+    xa = x.asnumpy()
+    for _ in range(3):
+        w = rng.standard_normal((16, 64)).astype(np.float32)
+        b = rng.standard_normal(16).astype(np.float32)
+        by_shape = {(16, 64): w, (16,): b}
+        params = [by_shape[tuple(entry.graph.spec(p).shape)] for p in entry.graph.params]
+        (out,) = run_program(compiled, [xa], params)
+        np.testing.assert_allclose(out, xa @ w.T + b, rtol=2e-5, atol=2e-5)
+    from compiler.codegen.llvm_extern import pack_states  # noqa: PLC0415
+    offsets = pack_states(compiled.program)
+    assert offsets and not any(compiled.arena[o:o + 8].any() for o in offsets)
+    want = [None, None]
+    xs = [hb.random.normal(size=(1, 64)) for _ in range(2)]
+    for k in range(2):
+        want[k] = xs[k].asnumpy() @ net.weight.data().asnumpy().T + net.bias.data().asnumpy()
+    bad = [0, 0]
+
+    def work(k):  # two threads: one of them runs in a private arena while the other holds
+        for _ in range(300):
+            if not np.allclose(net(xs[k]).asnumpy(), want[k], rtol=2e-5, atol=2e-5):
+                bad[k] += 1
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert bad == [0, 0]

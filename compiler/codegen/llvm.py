@@ -53,7 +53,7 @@ from .llvm_scalar import (I1, I32, I64, PTR, Intrinsics, LLVMScalarBuilder, mem_
                           reg_type)
 from .scalar import Typed, eval_call, reduce_scalar
 
-CODEGEN_VERSION = 7
+CODEGEN_VERSION = 8
 VOID = ir.VoidType()
 # A loop kernel of at least this many points splits its outer loop across the device's
 # threads (thread start-up is ~10-30 us; below this the kernel takes about that long).
@@ -754,6 +754,16 @@ def data_address(a: np.ndarray) -> int:
 SMALL_OUTPUT = 4096  # bytes: below this NumPy's own (16-byte) alignment is kept
 
 
+def new_arena(program):
+    """(array, address): ``program``'s arena, 64-byte aligned and zeroed. Zero leaves every
+    packed-weights state PACK_OFF (llvm_gemv): only an owner that binds parameters and sets
+    the states on each binding (NativeRun) lets a program use packed copies."""
+    nbytes = max(program.arena_bytes, 1)
+    buf = np.zeros(nbytes + ALIGN, dtype=np.uint8)
+    off = (-data_address(buf)) % ALIGN
+    return buf[off:off + nbytes], data_address(buf) + off
+
+
 def aligned_empty(shape, dtype):
     """A fresh array whose data starts on a 64-byte boundary (arrays over 4 KiB; smaller ones
     keep NumPy's 16-byte alignment, which no loop here can tell apart), and that address."""
@@ -784,7 +794,7 @@ class CompiledProgram:
         self.symbol = symbol
         self.native = module
         self.cfunc = module.cfunc(symbol, None, ctypes.c_void_p, ctypes.c_void_p)
-        self.arena, self.arena_ptr = aligned_empty((max(program.arena_bytes, 1),), np.uint8)
+        self.arena, self.arena_ptr = new_arena(program)
         self.io_slots = program.io_slots()
         self.lock = threading.Lock()
         self._nthreads = None
@@ -872,7 +882,7 @@ class Runner:
         self._io = (ctypes.c_void_p * max(len(io_pos), 1))()
         self._io_addr = ctypes.addressof(self._io)
         self._fn = compiled.cfunc
-        self._arena = aligned_empty((max(prog.arena_bytes, 1),), np.uint8)
+        self._arena = new_arena(prog)
         self._arena_ptr = self._arena[1]
         self._inputs = [(io_pos[s], tuple(prog.slots[s].shape), np.dtype(prog.slots[s].dtype))
                         for s in prog.slots_of("input")]
@@ -938,6 +948,6 @@ def run_program(compiled: CompiledProgram, inputs, params=(), outputs=None) -> l
         finally:
             compiled.lock.release()
     else:  # the shared arena is busy (another thread): use a private one
-        arena, ptr = aligned_empty((max(prog.arena_bytes, 1),), np.uint8)
+        arena, ptr = new_arena(prog)
         compiled(io, ptr)
     return list(outputs)

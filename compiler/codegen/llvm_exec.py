@@ -18,7 +18,9 @@ from runtime import config
 from runtime.executable import Executable
 from runtime.memory import host_pool
 
-from .llvm import SMALL_OUTPUT, aligned_empty, compile_program, data_address
+from .llvm import SMALL_OUTPUT, aligned_empty, compile_program, data_address, new_arena
+from .llvm_extern import pack_states
+from .llvm_gemv import PACK_NEW
 from .lower import lower
 
 _log = config.logger("compile")
@@ -33,7 +35,9 @@ class NativeRun:
         self.io = (ctypes.c_void_p * max(len(io_slots), 1))()
         self.io_addr = ctypes.addressof(self.io)
         self._io_arg = ctypes.c_void_p(self.io_addr)  # ctypes passes these without converting
-        self.arena, self.arena_ptr = aligned_empty((max(prog.arena_bytes, 1),), np.uint8)
+        self.arena, self.arena_ptr = new_arena(prog)
+        # the packed-weights states (llvm_gemv) in this arena: set on each parameter binding
+        self._pack_states = [self.arena[off:off + 8].view(np.int64) for off in pack_states(prog)]
         self.arena_bytes = prog.arena_bytes
         self._arena_arg = ctypes.c_void_p(self.arena_ptr)
         self.lock = threading.Lock()
@@ -102,7 +106,7 @@ class NativeRun:
             keep.append(a)
             io[pos] = data_address(a)
         outs = self._fill(io, inputs, keep)
-        arena, aptr = aligned_empty((max(self.arena_bytes, 1),), np.uint8)
+        arena, aptr = new_arena(self.compiled.program)  # states zero: read in place
         self.cfunc(ctypes.addressof(io), aptr)
         return outs if self.plain else self._results(outs, inputs, params)
 
@@ -156,6 +160,8 @@ class NativeRun:
             self.io[pos] = data_address(a)
         self._held = tuple(params)
         self._bound = bound
+        for state in self._pack_states:  # new weights: a packed copy must be made again
+            state[0] = PACK_NEW
 
 
 def llvm_compile(graph, device, in_specs, param_specs) -> Executable:

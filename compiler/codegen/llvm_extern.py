@@ -44,7 +44,8 @@ from ..ops.core import dtype_name
 from ..ops.nn import conv_out_size
 from .kernel import ALIGN, ExternKernel, KernelIRError, matmul_operand_shapes
 from .llvm import MAX_THREADS, emit_parallel_driver, for_range, kernel_function
-from .llvm_gemv import (GEMV_CHUNKS, GEMV_PARALLEL_MIN, ROWS as GEMV_ROWS, gemv_applies,
+from .llvm_gemv import (GEMV_CHUNKS, GEMV_PARALLEL_MIN, PACK_HEADER, PACK_NEW, PACK_READY,
+                        PACK_SEEN, ROWS as GEMV_ROWS, gemv_applies, gemv_pack, gemv_pack_bytes,
                         gemv_rows, gemv_workers)
 from .llvm_scalar import F32, F64, I32, I64, PTR, LLVMScalarBuilder, mem_type, reg_type
 from . import llvm_sgemm
@@ -184,7 +185,10 @@ def scratch_bytes(op, attrs, in_specs, out_specs) -> int:
     if op == "matmul":
         plan = matmul_plan([s.shape for s in in_specs], [s.dtype for s in in_specs],
                            out_specs[0].dtype, attrs)
-        return plan.workers * plan.lay.size if plan is not None else 0
+        if plan is not None:
+            return plan.workers * plan.lay.size
+        return gemv_pack_size([s.shape for s in in_specs], [s.dtype for s in in_specs],
+                              out_specs[0].dtype, attrs)
     if op in ("conv2d", "conv2d_grad_data", "conv2d_grad_weight"):
         x_shape = out_specs[0].shape if op == "conv2d_grad_data" else in_specs[0].shape
         w_shape = out_specs[0].shape if op == "conv2d_grad_weight" else in_specs[1].shape
@@ -498,7 +502,8 @@ def _matmul(eb: EB, step, attrs):
         return
     if C.dtype in ("float32", "float64") and A.dtype == B.dtype == C.dtype and \
             gemv_applies(m, n, k, ta, tb):
-        _gemv(eb, C.dtype, n, k, sa, sbb, so, ldb)
+        packed = gemv_pack_size([A.shape, B.shape], [A.dtype, B.dtype], C.dtype, attrs) > 0
+        _gemv(eb, step, C.dtype, n, k, ldb, packed)
         return
     plan = matmul_plan([A.shape, B.shape], [A.dtype, B.dtype], C.dtype, attrs)
     if plan is not None:
@@ -580,9 +585,38 @@ def _sgemm(eb: EB, step, plan, ta, tb, m, n, k, lda, ldb):
     _parallel(eb, plan.workers, block, spawn=m * n * k >= PARALLEL_MIN_WORK)
 
 
-def _gemv(eb: EB, dt, n, k, sa, sbb, so, ldb):
+def gemv_pack_size(in_shapes, in_dtypes, out_dtype, attrs) -> int:
+    """Scratch bytes of a matmul's packed weights (llvm_gemv: a batch-1 product whose B is a
+    parameter, ``b_param`` set by the lowering), 0 where it reads B in place."""
+    ashape, bshape = matmul_operand_shapes(in_shapes, attrs)
+    dt = dtype_name(out_dtype)
+    if len(ashape) != 2 or len(bshape) != 2 or {dtype_name(d) for d in in_dtypes} != {dt}:
+        return 0
+    (m, k), n = ashape, bshape[-1]
+    return gemv_pack_bytes(dt, m, n, k, bool(attrs.get("transpose_a")),
+                           bool(attrs.get("transpose_b")), bool(attrs.get("b_param")))
+
+
+def pack_states(program) -> tuple:
+    """Arena byte offsets of the pack state words of ``program``'s packed weights: the
+    arena's owner sets each to PACK_NEW when it binds new parameter arrays."""
+    out = []
+    for step in program.steps:
+        if isinstance(step, ExternKernel) and step.op == "matmul" and step.scratch is not None:
+            specs = [program.slots[i] for i in step.in_slots]
+            if gemv_pack_size([sl.shape for sl in specs], [sl.dtype for sl in specs],
+                              program.slots[step.out_slots[0]].dtype, step.attr_dict):
+                out.append(program.slots[step.scratch].offset)
+    return tuple(out)
+
+
+def _gemv(eb: EB, step, dt, n, k, ldb, packed):
     """A batch-1 Dense layer: its row blocks split into chunks for the caller and the pool
-    (never threads started for it: a few microseconds of work)."""
+    (never threads started for it: a few microseconds of work). packed: B is a parameter
+    with a packed copy in the step's scratch (llvm_gemv), used from the binding's second
+    call on."""
+    sa, sbb = step.in_slots
+    so = step.out_slots[0]
     workers = gemv_workers(n, k)
 
     def part(e, w):
@@ -590,9 +624,28 @@ def _gemv(eb: EB, dt, n, k, sa, sbb, so, ldb):
             return None
         lo, hi = _share(e, w, n // GEMV_ROWS, workers)
         return lo, hi, e.b.icmp_signed("==", w, e.c(workers - 1))
-    _parallel(eb, workers, lambda e, w: gemv_rows(
-        e, dt, n, k, e.slot_ptr(sa), e.slot_ptr(sbb), ldb, e.slot_ptr(so), False,
-        part(e, w)), spawn=False)
+
+    def run(pack):
+        _parallel(eb, workers, lambda e, w: gemv_rows(
+            e, dt, n, k, e.slot_ptr(sa), e.slot_ptr(sbb), ldb, e.slot_ptr(so), False,
+            part(e, w), e.scratch(step.scratch, PACK_HEADER) if pack else None), spawn=False)
+    if not packed:
+        run(False)
+        return
+    b = eb.b
+    state_at = eb.scratch(step.scratch, 0)
+    state = b.load(state_at, typ=I64, align=8)  # only this thread runs here: plain access
+    with b.if_then(b.icmp_unsigned("==", state, eb.c(PACK_SEEN))):
+        gemv_pack(eb, dt, n, k, eb.slot_ptr(sbb), ldb, eb.scratch(step.scratch, PACK_HEADER))
+        b.store(eb.c(PACK_READY), state_at, align=8)
+    with b.if_then(b.icmp_unsigned("==", state, eb.c(PACK_NEW))):
+        b.store(eb.c(PACK_SEEN), state_at, align=8)
+    ready = b.icmp_unsigned("==", b.load(state_at, typ=I64, align=8), eb.c(PACK_READY))
+    with b.if_else(ready) as (from_pack, in_place):
+        with from_pack:
+            run(True)
+        with in_place:
+            run(False)
 
 
 # ---------------------------------------------------------------------- convolution

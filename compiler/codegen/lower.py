@@ -326,6 +326,8 @@ class _Lowering:
                 attrs["transpose_a" if k == 0 else "transpose_b"] = True
             else:
                 ins.append(self._whole_slot(a))
+        if g.op(ext) == "matmul" and self.pb.slots[ins[1]].role == "param":
+            attrs["b_param"] = True  # the same data every call of a binding: worth packing
         sp_ext = g.spec(ext)
         epilogue = [n for n in nodes if n not in members_pre and n != ext]
         if not epilogue:
