@@ -457,6 +457,7 @@ class Deployed:
             self.batch_size = graph.spec(graph.inputs[0]).shape[0]
         self._graphs = {self.batch_size: graph}
         self._exes: dict = {}
+        self._callers: dict = {}  # batch -> dispatch.Caller of its executable
         self._lock = threading.Lock()
 
     @property
@@ -514,7 +515,7 @@ class Deployed:
         return exe
 
     def __call__(self, *args, **kwargs):
-        from .dispatch import run_call  # noqa: PLC0415
+        from .dispatch import Caller  # noqa: PLC0415
         leaves, tree = flatten((args, kwargs))
         specs = [(tuple(a.shape), a._dtype) for a in leaves]
         want = [(s.shape, s.dtype) for s in self.input_specs]
@@ -522,7 +523,12 @@ class Deployed:
         if specs != want:
             batch = self._batch_of(specs, want)
         exe = self.executable(batch)
-        outs = run_call(exe, self.device, leaves, self.params, "deployed")
+        caller = self._callers.get(batch)
+        if caller is None or caller.exe is not exe:
+            caller = Caller(exe, self.device)
+            self._callers = {b: c for b, c in self._callers.items() if b in self._exes}
+            self._callers[batch] = caller
+        outs = caller(leaves, self.params, "deployed")
         return unflatten(self.out_tree, outs[:self.n_outputs])
 
     def _batch_of(self, specs, want):

@@ -31,48 +31,38 @@ _buf_of = attrgetter("_buf")
 _trials: dict = {}  # device -> DispatchTrial
 
 
-def run_call(exe, device, args, params, name):
-    """The output arrays of one compiled call over arrays ``args`` and ``params`` (see the
-    module docstring)."""
-    return caller_of(exe, device)(args, params, name)
-
-
-def caller_of(exe, device) -> "Caller":
-    """The executable's Caller (one per executable, made on its first call)."""
-    caller = exe.report.get("caller")
-    if caller is None:
-        caller = exe.report["caller"] = Caller(exe, device)
-    return caller
-
-
 class Caller:
-    """Runs one executable's calls (run_call), keeping what they share: its cost estimate's
-    dict, the parameters' arrays (re-read only when the parameter list, a Parameter's arrays
-    or some array's buffer changed: every in-place update leaves a new rebind token), the
-    output specs, a call count for sampling the cost."""
+    """Runs one executable's calls, keeping what they share: its cost estimate's dict, the
+    parameters' arrays (re-read only when the parameter list, a Parameter's arrays or some
+    array's buffer changed: every in-place update leaves a new rebind token), the output
+    specs, a call count for sampling the cost. Held by whoever holds the executable (a
+    CachedFunction's entry, a deployed model), never by the executable: no reference cycle
+    keeps a dropped executable's arena alive."""
 
     __slots__ = ("exe", "device", "timing", "run", "xp", "outs", "out_shape", "out_dtype",
-                 "plist", "token", "epoch", "bufs", "data", "calls")
+                 "held", "calls")
 
     def __init__(self, exe, device):
         self.exe, self.device, self.timing = exe, device, exe.report
         self.run = getattr(exe, "run", None)  # a PartitionedExecutable has none: its parts
-        # run on the engine (it never gets a cost estimate, so inline() stays False)
+        # run on the engine (it never gets a cost estimate, so _inline stays False)
         self.xp = device.xp
         self.outs = [(tuple(s.shape), s.dtype) for s in exe.out_specs]
         self.out_shape, self.out_dtype = self.outs[0] if self.outs else (None, None)
-        self.plist = self.token = self.epoch = self.bufs = self.data = None
+        # (params list, rebind token, data epoch, their buffers, their arrays): one tuple,
+        # replaced by one store, so a thread never sees the fields of two different reads
+        self.held = (None, None, None, None, None)
         self.calls = 0
 
     def __call__(self, args, params, name):
-        """In the caller when inline() says so and the inputs are ready, else queued on the
-        engine."""
+        """The output arrays: computed in the caller when _inline says so and the inputs are
+        ready, else queued on the engine."""
         us = self.timing.get("avg_us")
         if us is not None and us < _INLINE_US and _engine_mod._engine is not None and \
-                _engine_mod._engine.inline:  # inline()'s common case, spelled out: per call
+                _engine_mod._engine.inline:  # _inline's common case, spelled out: per call
             inline = True
         else:
-            inline = self.inline()
+            inline = _inline(self.exe, self.device)
         if inline:
             outs = run_direct(self, args, params)
             if outs is not None:
@@ -80,43 +70,38 @@ class Caller:
         return _push(self.exe, self.device, [a._buf for a in args],
                      list(map(_buf_of, params)), self.exe.out_specs, name, inline)
 
-    def inline(self) -> bool:
-        """Whether a call may run in the caller: a quick one always (when its device is
-        idle), a long one when the device's DispatchTrial found the loop faster so."""
-        engine = _engine_mod._engine or _engine_mod.get_engine()
-        us = self.timing.get("avg_us")
-        if us is None or not engine.inline:  # the first call: its cost is not known yet
-            return False
-        return us < _INLINE_US or _trial(self.device).direct(
-            id(self.exe), perf_counter, engine.wait_idle, engine.count_sync_points)
-
     def param_data(self, params):
         """The parameters' arrays, or None while one is still being computed; the same list
         object while the buffers are the same (NativeRun's binding check is then a single
         identity test). run_direct skips this while nothing changed (see the class)."""
         token, epoch = rebind_token[0], data_epoch[0]  # read before the buffers
         bufs = tuple(map(_buf_of, params))
-        if bufs != self.bufs:  # buffers are immutable: the same buffers hold the same data
+        held = self.held
+        data = held[4]
+        if bufs != held[3]:  # buffers are immutable: the same buffers hold the same data
             data = []
             for b in bufs:
                 d = b.data
                 if d is None:
                     return None
                 data.append(d)
-            self.bufs, self.data = bufs, data
-        self.plist, self.token, self.epoch = params, token, epoch
-        return self.data
+        self.held = (params, token, epoch, bufs, data)
+        return data
 
 
 def _inline(exe, device) -> bool:
-    return caller_of(exe, device).inline()
-
-
-def _trial(device) -> DispatchTrial:
+    """Whether a call may run in the caller: a quick one always (when its device is idle), a
+    long one when the device's DispatchTrial found the loop faster so (call_mode.py)."""
+    engine = _engine_mod._engine or _engine_mod.get_engine()
+    us = exe.report.get("avg_us")
+    if us is None or not engine.inline:  # the first call: its cost is not known yet
+        return False
+    if us < _INLINE_US:
+        return True
     trial = _trials.get(device)
     if trial is None:
         trial = _trials[device] = DispatchTrial()
-    return trial
+    return trial.direct(id(exe), perf_counter, engine.wait_idle, engine.count_sync_points)
 
 
 def run_direct(caller, args, params):
@@ -132,9 +117,9 @@ def run_direct(caller, args, params):
         if d is None:
             return None
         ins.append(d)
-    if params is caller.plist and rebind_token[0] is caller.token and \
-            data_epoch[0] == caller.epoch:
-        ps = caller.data
+    held = caller.held
+    if params is held[0] and rebind_token[0] is held[1] and data_epoch[0] == held[2]:
+        ps = held[4]
     else:
         ps = caller.param_data(params)
         if ps is None:

@@ -23,7 +23,7 @@ from runtime.device import cpu, parse_device
 from runtime.executable import PartitionedExecutable
 
 from . import _state
-from .dispatch import _push, caller_of
+from .dispatch import Caller, _push
 from ._where import user_frame
 from .ndarray import NDArray, rebind_token
 from .nn.parameter import data_epoch as _param_epoch
@@ -315,8 +315,7 @@ class Compiled:
 
     def make_caller(self):
         """The Caller of this (direct) entry's executable, on the device it was traced for."""
-        self.caller = caller_of(self.exe, self.signature[1][0][2] if self.signature[1]
-                                else cpu(0))
+        self.caller = Caller(self.exe, self.signature[1][0][2] if self.signature[1] else cpu(0))
         return self.caller
 
 

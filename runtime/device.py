@@ -30,11 +30,11 @@ class Device:
         if not isinstance(index, (int, np.integer)) or index < 0:
             raise ValueError(f"device index must be a non-negative int, got {index!r}")
         key = (kind, int(index))
-        dev = cls._interned.get(key)
+        dev = cls._interned.get((cls, key))
         if dev is None:
             dev = object.__new__(cls)
             dev.kind, dev.index, dev._key = kind, key[1], key
-            dev = cls._interned.setdefault(key, dev)  # two threads creating it: one wins
+            dev = cls._interned.setdefault((cls, key), dev)  # two threads: one wins
         return dev
 
     @property

@@ -228,3 +228,27 @@ def test_direct_calls_follow_each_training_step():
         w = [p.data().asnumpy() for p in net.collect_params().values()]
         ref = np.maximum(x.asnumpy() @ w[0].T + w[1], 0) @ w[2].T + w[3]
         np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_a_dropped_executable_is_freed_without_the_cycle_collector():
+    """What a call path keeps per executable (dispatch.Caller) hangs off the cache entry,
+    never off the executable: re-hybridizing frees the old arena and its parameter arrays at
+    once, not at the next garbage collection."""
+    import gc
+    import weakref
+    net = _mlp()
+    x = hb.random.normal(size=(1, 8))
+    net.hybridize(backend="llvm")
+    for _ in range(20):
+        net(x).wait_to_read()
+    entry = next(iter(net._cached.entries.values()))
+    assert entry.caller is not None  # the direct path made it
+    exe = weakref.ref(entry.exe)
+    del entry
+    hb.waitall()
+    gc.disable()
+    try:
+        net.hybridize(backend="llvm")  # drops the compiled signatures
+        assert exe() is None
+    finally:
+        gc.enable()

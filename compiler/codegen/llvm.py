@@ -783,9 +783,10 @@ class CompiledProgram:
     """A compiled Program: ``compiled(io, arena=None)`` runs it.
 
     ``io``: a ctypes ``c_void_p`` array (or its address) holding the pointers of the io slots
-    (``program.io_slots()`` order); ``arena``: the address of ``arena_bytes`` bytes (default:
-    this program's own arena, allocated once; callers running one program from several
-    threads at once pass their own). ``cfunc`` is the raw ctypes function (GIL released).
+    (``program.io_slots()`` order); ``arena``: the address of ``arena_bytes`` bytes made by
+    :func:`new_arena` (zeroed: packed-weights states must start PACK_OFF) (default: this
+    program's own arena, allocated once; callers running one program from several threads
+    at once pass their own). ``cfunc`` is the raw ctypes function (GIL released).
     """
 
     def __init__(self, program: Program, name: str, module, symbol: str, threaded=False):
