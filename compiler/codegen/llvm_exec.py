@@ -62,7 +62,6 @@ class NativeRun:
         self.outs.sort(key=lambda t: t[1])
         self.outs = [(pos, shape, dt, math.prod(shape) * dt.itemsize)
                      for pos, _, (shape, dt) in self.outs]
-        self._pooled = any(nbytes > SMALL_OUTPUT for *_, nbytes in self.outs)
         self.results = binding.outputs
         self.plain = [tuple(r) for r in self.results] == [("slot", k)
                                                            for k in range(len(self.outs))]
@@ -81,33 +80,54 @@ class NativeRun:
         return a
 
     def __call__(self, xp, inputs, params):
-        if not self.lock.acquire(False):  # another thread runs this executable
-            return self._call_private(inputs, params)
-        try:  # the shared pointer table and arena: only ever written under the lock
-            if params is not self._held_list:
-                held = self._held
-                if len(held) != len(params) or any(map(is_not, params, held)):
-                    self._bind_params(params)  # parameters change only when rebound
-                self._held_list = params
-            keep = []  # converted inputs stay alive until the call returns
-            outs = self._fill(self.io, inputs, keep)
-            self.cfunc(self._io_arg, self._arena_arg)
+        # the shared pointer table and arena, only ever written under the lock; while
+        # another thread holds it, a private table and arena: two threads may run one
+        # executable at once (one frame for both: this is the batch-1 path)
+        shared = self.lock.acquire(False)
+        keep = []  # converted inputs and parameters stay alive until the call returns
+        try:
+            if shared:
+                io = self.io
+                if params is not self._held_list:
+                    held = self._held
+                    if len(held) != len(params) or any(map(is_not, params, held)):
+                        self._bind_params(params)  # parameters change only when rebound
+                    self._held_list = params
+            else:
+                io = (ctypes.c_void_p * len(self.io))(*self._template)
+                for pos, i, want in self.params:
+                    a = self._prep(params[i], want)
+                    keep.append(a)
+                    io[pos] = data_address(a)
+            for pos, i, shape, dt in self.inputs:
+                a = inputs[i]
+                # dtype identity: NumPy's built-in dtypes are singletons, and a miss only
+                # costs the conversion check below, never a wrong pointer
+                if type(a) is not np.ndarray or a.dtype is not dt or a.shape != shape or \
+                        not a.flags.c_contiguous:
+                    a = self._prep(a, (shape, dt))
+                    keep.append(a)
+                io[pos] = data_address(a)
+            outs = []
+            for pos, shape, dt, nbytes in self.outs:
+                if nbytes <= SMALL_OUTPUT:  # NumPy's own alignment serves small outputs
+                    a = np.empty(shape, dt)
+                    io[pos] = data_address(a)
+                else:  # recycled pages when pooled: no page faults on first touch
+                    pool = host_pool()
+                    a, io[pos] = pool.empty(shape, dt, nbytes) if pool is not None else \
+                        aligned_empty(shape, dt)
+                outs.append(a)
+            for pos, src in self.aliases:
+                io[pos] = io[src]
+            if shared:
+                self.cfunc(self._io_arg, self._arena_arg)
+            else:
+                arena, aptr = new_arena(self.compiled.program)  # pack states zero: in place
+                self.cfunc(ctypes.addressof(io), aptr)
         finally:
-            self.lock.release()
-        return outs if self.plain else self._results(outs, inputs, params)
-
-    def _call_private(self, inputs, params):
-        """A call while another thread holds the shared table: a private pointer table and
-        arena, so two threads may run one executable at once."""
-        keep = []
-        io = (ctypes.c_void_p * len(self.io))(*self._template)
-        for pos, i, want in self.params:
-            a = self._prep(params[i], want)
-            keep.append(a)
-            io[pos] = data_address(a)
-        outs = self._fill(io, inputs, keep)
-        arena, aptr = new_arena(self.compiled.program)  # states zero: read in place
-        self.cfunc(ctypes.addressof(io), aptr)
+            if shared:
+                self.lock.release()
         return outs if self.plain else self._results(outs, inputs, params)
 
     def _results(self, outs, inputs, params):
@@ -122,32 +142,6 @@ class NativeRun:
             else:
                 res.append(v)
         return res
-
-    def _fill(self, io, inputs, keep):
-        """Write the input and fresh output addresses into pointer table ``io``."""
-        for pos, i, shape, dt in self.inputs:
-            a = inputs[i]
-            # dtype identity: NumPy's built-in dtypes are singletons, and a miss only costs
-            # the conversion check below, never a wrong pointer
-            if type(a) is not np.ndarray or a.dtype is not dt or a.shape != shape or \
-                    not a.flags.c_contiguous:
-                a = self._prep(a, (shape, dt))
-                keep.append(a)
-            io[pos] = data_address(a)
-        outs = []
-        pool = host_pool() if self._pooled else None
-        for pos, shape, dt, nbytes in self.outs:
-            if nbytes <= SMALL_OUTPUT:  # NumPy's own alignment serves small outputs
-                a = np.empty(shape, dt)
-                io[pos] = data_address(a)
-            elif pool is not None:  # recycled pages: no page faults on first touch
-                a, io[pos] = pool.empty(shape, dt, nbytes)
-            else:
-                a, io[pos] = aligned_empty(shape, dt)
-            outs.append(a)
-        for pos, src in self.aliases:
-            io[pos] = io[src]
-        return outs
 
     def _bind_params(self, params):
         """Point the io array at the parameters' data. The arrays are held (with any converted
