@@ -55,8 +55,12 @@ class Caller:
         self.calls = 0
 
     def __call__(self, args, params, name):
-        """The output arrays: computed in the caller when _inline says so and the inputs are
-        ready, else queued on the engine."""
+        """The output arrays. Computed right here when _inline says so and the inputs and
+        parameters are computed already: buffers are immutable, so nothing queued can change
+        them, and the outputs are fresh buffers no queued op knows, so skipping dependency
+        tracking loses no ordering (the batch-1 path: one frame). Else (a pending input, a
+        failure: the engine re-runs it and reports the error where the result is read, as
+        always) queued on the engine."""
         us = self.timing.get("avg_us")
         if us is not None and us < _INLINE_US and _engine_mod._engine is not None and \
                 _engine_mod._engine.inline:  # _inline's common case, spelled out: per call
@@ -64,16 +68,39 @@ class Caller:
         else:
             inline = _inline(self.exe, self.device)
         if inline:
-            outs = run_direct(self, args, params)
-            if outs is not None:
-                return outs
+            ins = []
+            for a in args:
+                d = a._buf.data
+                if d is None:
+                    break
+                ins.append(d)
+            else:
+                held = self.held
+                ps = held[4] if params is held[0] and rebind_token[0] is held[1] and \
+                    data_epoch[0] == held[2] else self.param_data(params)
+                if ps is not None:
+                    calls = self.calls = self.calls + 1
+                    t0 = None if calls % _SAMPLE_EVERY else thread_time()
+                    try:
+                        res = self.run(self.xp, ins, ps)
+                    except Exception:  # noqa: BLE001 - re-run through the engine: it reports
+                        res = None
+                    if res is not None:
+                        if t0 is not None:
+                            _note_cost(self.timing, thread_time() - t0)
+                        device = self.device
+                        if len(res) == 1:
+                            return [NDArray(Buffer(res[0]), self.out_shape, self.out_dtype,
+                                            device)]
+                        return [NDArray(Buffer(r), shape, dt, device)
+                                for r, (shape, dt) in zip(res, self.outs)]
         return _push(self.exe, self.device, [a._buf for a in args],
                      list(map(_buf_of, params)), self.exe.out_specs, name, inline)
 
     def param_data(self, params):
         """The parameters' arrays, or None while one is still being computed; the same list
         object while the buffers are the same (NativeRun's binding check is then a single
-        identity test). run_direct skips this while nothing changed (see the class)."""
+        identity test). A call skips this while nothing changed (see the class)."""
         token, epoch = rebind_token[0], data_epoch[0]  # read before the buffers
         bufs = tuple(map(_buf_of, params))
         held = self.held
@@ -102,40 +129,6 @@ def _inline(exe, device) -> bool:
     if trial is None:
         trial = _trials[device] = DispatchTrial()
     return trial.direct(id(exe), perf_counter, engine.wait_idle, engine.count_sync_points)
-
-
-def run_direct(caller, args, params):
-    """Run a compiled call right here, without the engine: its inputs and parameters are
-    computed already (buffers are immutable, so nothing queued can change them) and its
-    outputs are fresh buffers no queued op knows, so skipping dependency tracking loses no
-    ordering. Returns the output arrays, or None to take the engine path instead (a pending
-    input, a failure: the engine re-runs it and reports the error where the result is read,
-    as always)."""
-    ins = []
-    for a in args:
-        d = a._buf.data
-        if d is None:
-            return None
-        ins.append(d)
-    held = caller.held
-    if params is held[0] and rebind_token[0] is held[1] and data_epoch[0] == held[2]:
-        ps = held[4]
-    else:
-        ps = caller.param_data(params)
-        if ps is None:
-            return None
-    calls = caller.calls = caller.calls + 1
-    t0 = None if calls % _SAMPLE_EVERY else thread_time()
-    try:
-        res = caller.run(caller.xp, ins, ps)
-    except Exception:  # noqa: BLE001 - re-run through the engine, which reports it
-        return None
-    if t0 is not None:
-        _note_cost(caller.timing, thread_time() - t0)
-    device = caller.device
-    if len(res) == 1:
-        return [NDArray(Buffer(res[0]), caller.out_shape, caller.out_dtype, device)]
-    return [NDArray(Buffer(r), shape, dt, device) for r, (shape, dt) in zip(res, caller.outs)]
 
 
 def _push(exe, device, in_bufs, param_bufs, out_specs, name, inline=None):

@@ -305,7 +305,7 @@ class Compiled:
     # needs-grad flags -> (TrainingGraphs, fwd exe, bwd exe, wrt input idx, wrt param idx)
     train: dict = dataclasses.field(default_factory=dict)
     handles: tuple = ()  # (parameter epoch, the parameters' arrays): see _param_handles
-    direct: bool = False  # no random key, no state updates, one device: see dispatch.run_direct
+    direct: bool = False  # no random key, no state updates, one device: see dispatch.Caller
     caller: object = None  # its dispatch.Caller, once a direct call made it
     param_devices: list = dataclasses.field(default_factory=list)  # the device of each param
     trace_seconds: float = 0.0

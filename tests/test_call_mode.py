@@ -121,17 +121,20 @@ def short_trials(monkeypatch):
 
 def test_long_inference_calls_match_on_either_path(short_trials, monkeypatch):
     paths = {"caller": 0, "engine": 0}
-    real_direct, real_push = dispatch.run_direct, dispatch._push
+    real_call, real_push = dispatch.Caller.__call__, dispatch._push
+    pushed = []
 
-    def direct(*a):
-        paths["caller"] += 1
-        return real_direct(*a)
+    def push(*a, **k):
+        pushed.append(1)
+        return real_push(*a, **k)
 
-    def push(*a):
-        paths["engine"] += 1
-        return real_push(*a)
-    monkeypatch.setattr(dispatch, "run_direct", direct)
+    def call(self, *a):
+        before = len(pushed)
+        out = real_call(self, *a)
+        paths["engine" if len(pushed) > before else "caller"] += 1
+        return out
     monkeypatch.setattr(dispatch, "_push", push)
+    monkeypatch.setattr(dispatch.Caller, "__call__", call)
     net = nn.HybridSequential()
     net.add(nn.Dense(32, activation="relu"), nn.Dense(4))
     net.initialize()

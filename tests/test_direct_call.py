@@ -25,14 +25,23 @@ def _expected(net, x):
 
 @pytest.fixture
 def count_direct(monkeypatch):
+    """Counts the calls of dispatch.Caller that ran in the caller and those it queued on the
+    engine."""
     hits = {"direct": 0, "engine": 0}
-    real = dispatch.run_direct
+    real_call, real_push = dispatch.Caller.__call__, dispatch._push
+    pushed = []
 
-    def spy(*args):
-        out = real(*args)
-        hits["direct" if out is not None else "engine"] += 1
+    def push(*args, **kwargs):
+        pushed.append(1)
+        return real_push(*args, **kwargs)
+
+    def call(self, *args):
+        before = len(pushed)
+        out = real_call(self, *args)
+        hits["engine" if len(pushed) > before else "direct"] += 1
         return out
-    monkeypatch.setattr(dispatch, "run_direct", spy)
+    monkeypatch.setattr(dispatch, "_push", push)
+    monkeypatch.setattr(dispatch.Caller, "__call__", call)
     return hits
 
 
