@@ -744,11 +744,14 @@ _DATA_OFFSET = _probe_data_offset()
 _from_address = ctypes.c_void_p.from_address
 
 
-def data_address(a: np.ndarray) -> int:
-    """Address of an ndarray's first element."""
-    if _DATA_OFFSET is not None:
+if _DATA_OFFSET is not None:
+    def data_address(a: np.ndarray) -> int:
+        """Address of an ndarray's first element (read from the object: ~0.1 us)."""
         return _from_address(id(a) + _DATA_OFFSET).value or 0
-    return a.__array_interface__["data"][0]
+else:
+    def data_address(a: np.ndarray) -> int:
+        """Address of an ndarray's first element."""
+        return a.__array_interface__["data"][0]
 
 
 SMALL_OUTPUT = 4096  # bytes: below this NumPy's own (16-byte) alignment is kept
