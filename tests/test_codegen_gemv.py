@@ -147,3 +147,34 @@ def test_arenas_without_a_binding_owner_never_use_a_packed_copy():
     for t in threads:
         t.join()
     assert bad == [0, 0]
+
+
+# ------------------------------------------------------------------ thin products
+@pytest.mark.parametrize("dtype,tol", [("float32", 3e-5), ("float64", 1e-12)])
+# n below one vector (the classifier's 10 classes, 2, 1, 15); m and k with tails; (256, 256,
+# 10) and (300, 128, 7) split their rows between the caller and the pool
+@pytest.mark.parametrize("m,k,n", [(256, 256, 10), (64, 128, 2), (2, 1, 1), (3, 17, 15),
+                                   (300, 128, 7), (5, 300, 9), (9, 16, 3)])
+def test_thin_dense_matches_numpy_forward_and_backward(m, k, n, dtype, tol):
+    """x @ W.T with fewer outputs than vector lanes runs as one GEMV per row of x
+    (llvm_gemv.thin_applies)."""
+    from compiler.codegen.llvm_gemv import thin_applies, vector_lanes  # noqa: PLC0415
+    # (where n fills a vector of this dtype on this host, the register-tiled GEMM or BLAS
+    # runs it: the same check, another path)
+    assert thin_applies(dtype, m, n, k, False, True) == (n < vector_lanes(dtype))
+    net = nn.Dense(n, in_units=k, dtype=dtype)
+    net.initialize()
+    x = hb.random.normal(size=(m, k)).astype(dtype)
+    w, bias = net.weight.data().asnumpy(), net.bias.data().asnumpy()
+    net.hybridize(backend="llvm")
+    for _ in range(2):
+        out = net(x)
+        np.testing.assert_allclose(out.asnumpy(), x.asnumpy() @ w.T + bias, rtol=tol,
+                                   atol=tol)
+    x.attach_grad()
+    with autograd.record():
+        y = net(x)
+    y.backward(hb.ones((m, n), dtype=dtype))
+    np.testing.assert_allclose(x.grad.asnumpy(), np.ones((m, n)) @ w, rtol=tol, atol=tol)
+    np.testing.assert_allclose(net.weight.grad().asnumpy(), np.ones((n, m)) @ x.asnumpy(),
+                               rtol=tol * 10, atol=tol * 10)

@@ -53,7 +53,7 @@ from .llvm_scalar import (I1, I32, I64, PTR, Intrinsics, LLVMScalarBuilder, mem_
                           reg_type)
 from .scalar import Typed, eval_call, reduce_scalar
 
-CODEGEN_VERSION = 8
+CODEGEN_VERSION = 9
 VOID = ir.VoidType()
 # A loop kernel of at least this many points splits its outer loop across the device's
 # threads (thread start-up is ~10-30 us; below this the kernel takes about that long).

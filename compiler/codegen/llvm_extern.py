@@ -46,7 +46,7 @@ from .kernel import ALIGN, ExternKernel, KernelIRError, matmul_operand_shapes
 from .llvm import MAX_THREADS, emit_parallel_driver, for_range, kernel_function
 from .llvm_gemv import (GEMV_CHUNKS, GEMV_PARALLEL_MIN, PACK_HEADER, PACK_NEW, PACK_READY,
                         PACK_SEEN, ROWS as GEMV_ROWS, gemv_applies, gemv_pack, gemv_pack_bytes,
-                        gemv_rows, gemv_workers)
+                        gemv_rows, gemv_workers, thin_applies)
 from .llvm_scalar import F32, F64, I32, I64, PTR, LLVMScalarBuilder, mem_type, reg_type
 from . import llvm_sgemm
 from .llvm_sgemm import (emit_sgemm, pack_bytes, panels, sgemm_applies, strip_bytes,
@@ -80,6 +80,8 @@ PARALLEL_MIN_WORK = 1 << 23
 # busy pool costs a wake-up call, never a wait or a thread start (MLP batch 64, layer 2:
 # 2.1M MACs, 29 -> ~17 us).
 POOL_MIN_WORK = 1 << 20
+THIN_MIN_WORK = 1 << 18  # a thin product (_thin) splits from here (~10 us on one core: its
+# rows run at ~50 GFLOP/s; 256 x 256 x 10: 27 -> 19 us)
 SCRATCH_BUDGET = 64 << 20  # bytes of per-worker scratch, all workers together, at most
 
 
@@ -92,8 +94,8 @@ def max_workers() -> int:
 def extern_key() -> list:
     """The settings that split externs into workers: part of the machine-code cache key, as
     the Program shows them only through scratch sizes."""
-    return [max_workers(), PARALLEL_MIN_WORK, POOL_MIN_WORK, SCRATCH_BUDGET, GEMV_PARALLEL_MIN,
-            GEMV_CHUNKS, SGEMM_PACK_MIN_ROWS, llvm_sgemm.SGEMM_MAX_K,
+    return [max_workers(), PARALLEL_MIN_WORK, POOL_MIN_WORK, THIN_MIN_WORK, SCRATCH_BUDGET,
+            GEMV_PARALLEL_MIN, GEMV_CHUNKS, SGEMM_PACK_MIN_ROWS, llvm_sgemm.SGEMM_MAX_K,
             llvm_sgemm.SGEMM_MAX_A_BYTES, llvm_sgemm.SGEMM_MIN_WORK]
 
 
@@ -505,6 +507,9 @@ def _matmul(eb: EB, step, attrs):
         packed = gemv_pack_size([A.shape, B.shape], [A.dtype, B.dtype], C.dtype, attrs) > 0
         _gemv(eb, step, C.dtype, n, k, ldb, packed)
         return
+    if A.dtype == B.dtype == C.dtype and thin_applies(C.dtype, m, n, k, ta, tb):
+        _thin(eb, step, C.dtype, m, n, k, lda, ldb, work)
+        return
     plan = matmul_plan([A.shape, B.shape], [A.dtype, B.dtype], C.dtype, attrs)
     if plan is not None:
         _sgemm(eb, step, plan, ta, tb, m, n, k, lda, ldb)
@@ -583,6 +588,21 @@ def _sgemm(eb: EB, step, plan, ta, tb, m, n, k, lda, ldb):
         emit_sgemm(e, ta, tb, m, n, k, e.slot_ptr(sa), lda, e.slot_ptr(sbb), ldb,
                    e.slot_ptr(so), n, pack=pack, strips=strips, part=part)
     _parallel(eb, plan.workers, block, spawn=m * n * k >= PARALLEL_MIN_WORK)
+
+
+def _thin(eb: EB, step, dt, m, n, k, lda, ldb, work):
+    """x @ W.T with fewer outputs than vector lanes (llvm_gemv.thin_applies): a gemv_rows
+    per row of x, the rows split among the caller and the pool."""
+    sa, sbb = step.in_slots
+    so = step.out_slots[0]
+    workers = _workers(m, work, min_work=THIN_MIN_WORK)
+
+    def rows(e, w):
+        lo, hi = _share(e, w, m, workers) if workers > 1 else (e.c(0), e.c(m))
+        with for_range(e.b, hi, start=lo) as i:
+            gemv_rows(e, dt, n, k, e.slot_ptr(sa, e.mul(i, lda)), e.slot_ptr(sbb), ldb,
+                      e.slot_ptr(so, e.mul(i, n)), False)
+    _parallel(eb, workers, rows, spawn=False)
 
 
 def gemv_pack_size(in_shapes, in_dtypes, out_dtype, attrs) -> int:

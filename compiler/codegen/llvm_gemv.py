@@ -61,6 +61,15 @@ def gemv_applies(m, n, k, ta, tb) -> bool:
         n * k <= GEMV_LOOP_MAX
 
 
+def thin_applies(dt, m, n, k, ta, tb) -> bool:
+    """A product x @ W.T with fewer outputs than a vector has lanes (a classifier's last
+    Dense layer: 10 classes): too thin for the register-tiled GEMM, and BLAS spends ~30 us
+    on 256 x 256 x 10 (39 GFLOP/s). It runs as one gemv_rows per row of x instead."""
+    return m > 1 and tb and not ta and dt in ("float32", "float64") and \
+        all(isinstance(v, int) for v in (m, n, k)) and 1 <= n < vector_lanes(dt) and \
+        n * k <= GEMV_LOOP_MAX
+
+
 def gemv_workers(n, k) -> int:
     """Chunks of row blocks a product splits into (1: run whole in the caller)."""
     if n * k < GEMV_PARALLEL_MIN:
