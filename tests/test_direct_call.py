@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import hybrid as hb
-from hybrid import autograd, dispatch, nn
+from hybrid import autograd, dispatch, nn, tracing
 from hybrid.ndarray import NDArray
 from runtime import engine
 from runtime.memory import Buffer
@@ -261,3 +261,25 @@ def test_a_dropped_executable_is_freed_without_the_cycle_collector():
         assert exe() is None
     finally:
         gc.enable()
+
+
+def test_a_failed_parameter_binding_is_never_trusted_by_the_next_call():
+    """A parameter that cannot be converted fails its call; a later call with the earlier,
+    good parameters binds them again instead of running on half-rewritten pointers."""
+    net = _mlp()
+    x = hb.random.normal(size=(1, 8))
+    net.hybridize(backend="llvm")
+    for _ in range(5):
+        net(x).wait_to_read()
+    entry = next(iter(net._cached.entries.values()))
+    run = entry.exe.run
+    params = [h._buf.data for h in tracing._param_handles(entry)]
+    xd = x._buf.data
+    want = run(np, [xd], params)[0]
+    first, last = run.params[0][1], run.params[-1][1]  # in the order they are bound
+    bad = list(params)
+    bad[first] = params[first] + 1  # its pointer is rewritten before the failure
+    bad[last] = np.ones((7, 7), np.float32)  # cannot be reshaped to that parameter's shape
+    with pytest.raises(ValueError):
+        run(np, [xd], bad)
+    np.testing.assert_array_equal(run(np, [xd], params)[0], want)

@@ -147,6 +147,9 @@ class NativeRun:
         """Point the io array at the parameters' data. The arrays are held (with any converted
         copy), so their memory stays valid while the pointers are in use, and an identity
         check tells a rebound parameter apart (buffers are immutable: same array, same data)."""
+        # forget the old binding first: a conversion failing halfway leaves pointers to
+        # neither binding, and the next call must bind again rather than trust them
+        self._held, self._held_list = (), None
         bound = []
         for pos, i, want in self.params:
             a = self._prep(params[i], want)
