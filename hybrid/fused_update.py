@@ -23,6 +23,7 @@ class FusedUpdate:
     def __init__(self, optimizer):
         self.optimizer = optimizer
         self._fns: dict = {}
+        self._coefs: dict = {}  # (key, device, dtype) -> (the scalars, their array)
         self._broken: set = set()  # static keys whose rule could not be traced
 
     def available(self) -> bool:
@@ -61,8 +62,12 @@ class FusedUpdate:
         if fn is None:
             fn = self._fns[key] = tracing.HybridFunction(
                 _traced_rule(opt, names, flags, layouts))
-        coefs = _from_numpy(np.array([[c.values[n] for n in names] for *_, c in members],
-                                     dtype=dtype), device)
+        values = tuple(tuple(c.values[n] for n in names) for *_, c in members)
+        held = self._coefs.get((key, device, dtype))  # a constant learning rate: the same
+        if held is None or held[0] != values:  # array every step (arrays are immutable)
+            held = self._coefs[(key, device, dtype)] = (
+                values, _from_numpy(np.array(values, dtype=dtype), device))
+        coefs = held[1]
         ws = [m[0] for m in members]
         leaves = [a for s in states for a in _leaves(s)]
         try:  # flat positional arrays in and out: the compiled call's fast path
