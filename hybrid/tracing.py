@@ -559,34 +559,36 @@ def _training(entry, device, needs):
         tg = split_joint(g, wrt)
         fwd = compile_graph(tg.forward, entry.backend, device)
         bwd = compile_graph(tg.backward, entry.backend, device)
-        compiled = entry.train[needs] = (tg, fwd, bwd, wrt_in, wrt_par)
+        compiled = entry.train[needs] = (tg, fwd, bwd, wrt_in, wrt_par, Caller(fwd, device),
+                                         Caller(bwd, device))
     return compiled
 
 
 def _run_training(entry, inputs, handles, device, name):
+    """A recorded call: the forward-for-training executable now (through its Caller: in
+    this thread when the inputs are ready and the call is quick or found faster so, else on
+    the engine), the backward one when autograd asks for it."""
     record_custom = sys.modules["hybrid.autograd"].record_custom  # imported by hybrid/__init__
     needs = tuple(_needs_grad(a) for a in inputs) + tuple(_needs_grad(h) for h in handles)
-    tg, fwd, bwd, wrt_in, wrt_par = _training(entry, device, needs)
-    outs = _push(fwd, device, [a._buf for a in inputs], [h._buf for h in handles],
-                 fwd.out_specs, name)
+    tg, fwd, bwd, wrt_in, wrt_par, run_fwd, run_bwd = _training(entry, device, needs)
+    outs = run_fwd(inputs, handles, name)
     g = entry.graph
     n_out = len(g.outputs)
     extra = {nid: outs[n_out + k] for k, nid in
              enumerate(r for r in tg.residuals if g.op(r) not in ("input", "param"))}
-    res_bufs = []
-    for r in tg.residuals:
+    res = []  # the residuals as they are now: an input or parameter rebound before backward
+    for r in tg.residuals:  # (an in-place update) must not change this call's gradients
         if r in extra:
-            res_bufs.append(extra[r]._buf)
-        elif g.op(r) == "input":
-            res_bufs.append(inputs[g.inputs.index(r)]._buf)
+            res.append(extra[r])
         else:
-            res_bufs.append(handles[g.params.index(r)]._buf)
+            a = inputs[g.inputs.index(r)] if g.op(r) == "input" else \
+                handles[g.params.index(r)]
+            res.append(NDArray(a._buf, a.shape, a._dtype, a.device))
     user_outs = outs[:n_out]
     record_inputs = inputs + handles
 
     def backward_fn(out_grads):
-        grads = _push(bwd, device, res_bufs + [og._buf for og in out_grads], [],
-                      bwd.out_specs, f"{name}_backward")
+        grads = run_bwd(res + list(out_grads), (), f"{name}_backward")
         result = [None] * len(record_inputs)
         for k, i in enumerate(wrt_in):
             result[i] = grads[k]
