@@ -52,7 +52,7 @@ class FusedUpdate:
     def _run_group(self, device, dtype, members, static):
         opt = self.optimizer
         names = tuple(members[0][3].values)
-        flags = tuple((c.wd_on, c.rescale_on) for *_, c in members)
+        flags = tuple([(c.wd_on, c.rescale_on) for *_, c in members])
         states = [m[2] for m in members]
         layouts = tuple(_layout(s) for s in states)
         key = (static, names, flags, layouts)
@@ -62,7 +62,7 @@ class FusedUpdate:
         if fn is None:
             fn = self._fns[key] = tracing.HybridFunction(
                 _traced_rule(opt, names, flags, layouts))
-        values = tuple(tuple(c.values[n] for n in names) for *_, c in members)
+        values = tuple([tuple(map(c.values.__getitem__, names)) for *_, c in members])
         held = self._coefs.get((key, device, dtype))  # a constant learning rate: the same
         if held is None or held[0] != values:  # array every step (arrays are immutable)
             held = self._coefs[(key, device, dtype)] = (
