@@ -373,6 +373,7 @@ class CachedFunction:
                 entry = self.entries.get(sig) or self._build(sig, leaves, tree, args, kwargs)
             if not kwargs and len(leaves) == len(args) and all(type(a) is NDArray
                                                                 for a in args):
+                # the key the fast path above builds: training, then each argument's spec
                 self.fast[(sig[2],) + tuple(x for spec in sig[1] for x in spec)] = entry
         return _run(entry, leaves, self.name)
 
@@ -583,7 +584,7 @@ def _run_training(entry, inputs, handles, device, name):
         else:
             a = inputs[g.inputs.index(r)] if g.op(r) == "input" else \
                 handles[g.params.index(r)]
-            res.append(NDArray(a._buf, a.shape, a._dtype, a.device))
+            res.append(a.detach())  # the buffer it has now
     user_outs = outs[:n_out]
     record_inputs = inputs + handles
 

@@ -6,6 +6,8 @@ import pytest
 import hybrid as hb
 from hybrid import autograd, nn
 
+from conftest import mismatches_in_threads
+
 pytest.importorskip("llvmlite")
 
 
@@ -110,8 +112,6 @@ def test_new_weights_are_packed_again():
 def test_arenas_without_a_binding_owner_never_use_a_packed_copy():
     """A program run with other parameters each call (run_program, a second thread's
     private arena) reads the weights in place: its arena's pack states stay zero."""
-    import threading  # noqa: PLC0415
-
     from compiler.codegen.llvm import run_program  # noqa: PLC0415
     net = _packed_dense(64, 16, "float32")
     x = hb.random.normal(size=(1, 64))
@@ -135,17 +135,8 @@ def test_arenas_without_a_binding_owner_never_use_a_packed_copy():
     xs = [hb.random.normal(size=(1, 64)) for _ in range(2)]
     for k in range(2):
         want[k] = xs[k].asnumpy() @ net.weight.data().asnumpy().T + net.bias.data().asnumpy()
-    bad = [0, 0]
-
-    def work(k):  # two threads: one of them runs in a private arena while the other holds
-        for _ in range(300):
-            if not np.allclose(net(xs[k]).asnumpy(), want[k], rtol=2e-5, atol=2e-5):
-                bad[k] += 1
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    # two threads: one of them runs in a private arena while the other holds the shared one
+    bad = mismatches_in_threads(net, xs, want, 300, rtol=2e-5, atol=2e-5)
     assert bad == [0, 0]
 
 

@@ -4,10 +4,12 @@ import numpy as np
 import pytest
 
 import hybrid as hb
-from hybrid import autograd, dispatch, nn, tracing
+from hybrid import autograd, nn, tracing
 from hybrid.ndarray import NDArray
 from runtime import engine
 from runtime.memory import Buffer
+
+from conftest import mismatches_in_threads
 
 
 def _mlp():
@@ -17,36 +19,24 @@ def _mlp():
     return net
 
 
+def _warm_mlp(calls):
+    """(net, x, its cache entry) after ``calls`` hybridized calls, each waited for."""
+    net = _mlp()
+    x = hb.random.normal(size=(1, 8))
+    net.hybridize(backend="llvm")
+    for _ in range(calls):
+        net(x).wait_to_read()
+    return net, x, next(iter(net._cached.entries.values()))
+
+
 def _expected(net, x):
     w = [p.data().asnumpy() for p in net.collect_params().values()]
     h = np.maximum(x @ w[0].T + w[1], 0)
     return h @ w[2].T + w[3]
 
 
-@pytest.fixture
-def count_direct(monkeypatch):
-    """Counts the calls of dispatch.Caller that ran in the caller and those it queued on the
-    engine."""
-    hits = {"direct": 0, "engine": 0}
-    real_call, real_push = dispatch.Caller.__call__, dispatch._push
-    pushed = []
-
-    def push(*args, **kwargs):
-        pushed.append(1)
-        return real_push(*args, **kwargs)
-
-    def call(self, *args):
-        before = len(pushed)
-        out = real_call(self, *args)
-        hits["engine" if len(pushed) > before else "direct"] += 1
-        return out
-    monkeypatch.setattr(dispatch, "_push", push)
-    monkeypatch.setattr(dispatch.Caller, "__call__", call)
-    return hits
-
-
 @pytest.mark.parametrize("backend", ["llvm", "reference"])
-def test_direct_calls_match_and_see_parameter_updates(backend, count_direct):
+def test_direct_calls_match_and_see_parameter_updates(backend, dispatch_paths):
     net = _mlp()
     x = hb.random.normal(size=(1, 8))
     net.hybridize(backend=backend)
@@ -56,7 +46,7 @@ def test_direct_calls_match_and_see_parameter_updates(backend, count_direct):
     np.testing.assert_allclose(out.asnumpy(), _expected(net, x.asnumpy()), rtol=1e-5,
                                atol=1e-6)
     if backend == "llvm":  # a native call this small takes the direct path once timed
-        assert count_direct["direct"] > 0
+        assert dispatch_paths["direct"] > 0
     w = net[1].weight
     w.set_data(w.data() * 2)  # a rebound parameter must be seen by the next direct call
     np.testing.assert_allclose(net(x).asnumpy(), _expected(net, x.asnumpy()), rtol=1e-5,
@@ -70,7 +60,7 @@ def test_direct_calls_match_and_see_parameter_updates(backend, count_direct):
                                atol=1e-6)
 
 
-def test_direct_calls_see_in_place_updates_of_parameter_arrays(count_direct):
+def test_direct_calls_see_in_place_updates_of_parameter_arrays(dispatch_paths):
     """The caller's path holds its parameters' arrays until some array is rebound: each
     in-place form (slice assignment, augmented assignment, copyto) must be seen at once."""
     net = _mlp()
@@ -83,15 +73,15 @@ def test_direct_calls_see_in_place_updates_of_parameter_arrays(count_direct):
                lambda: b.__iadd__(1.0),
                lambda: (w * -1).copyto(w)]
     for update in updates:
-        before = count_direct["direct"]
+        before = dispatch_paths["direct"]
         update()
         hb.waitall()  # the update computed: the call can run in the caller
         np.testing.assert_allclose(net(x).asnumpy(), _expected(net, x.asnumpy()), rtol=1e-5,
                                    atol=1e-6)
-        assert count_direct["direct"] == before + 1  # and it ran in the caller
+        assert dispatch_paths["direct"] == before + 1  # and it ran in the caller
 
 
-def test_failed_input_is_reported_where_it_is_read(count_direct):
+def test_failed_input_is_reported_where_it_is_read(dispatch_paths):
     net = _mlp()
     x = hb.random.normal(size=(1, 8))
     net.hybridize(backend="llvm")
@@ -107,9 +97,9 @@ def test_failed_input_is_reported_where_it_is_read(count_direct):
         raise RuntimeError("boom in producer")
     engine.get_engine().push(fail, (), (buf.var,), x.device, "producer")
     broken = NDArray(buf, (1, 8), "float32", x.device)
-    before = count_direct["engine"]
+    before = dispatch_paths["engine"]
     out = net(broken)
-    assert count_direct["engine"] == before + 1
+    assert dispatch_paths["engine"] == before + 1
     with pytest.raises(Exception, match="producer"):
         out.asnumpy()
     hb.waitall()  # the failure was reported at the read, once
@@ -117,7 +107,7 @@ def test_failed_input_is_reported_where_it_is_read(count_direct):
                                atol=1e-6)
 
 
-def test_deployed_model_takes_the_direct_path(tmp_path, count_direct):
+def test_deployed_model_takes_the_direct_path(tmp_path, dispatch_paths):
     net = _mlp()
     x = hb.random.normal(size=(1, 8))
     net.hybridize(backend="llvm")
@@ -127,7 +117,7 @@ def test_deployed_model_takes_the_direct_path(tmp_path, count_direct):
     for _ in range(40):
         out = deployed(x)
         out.wait_to_read()
-    assert count_direct["direct"] > 0
+    assert dispatch_paths["direct"] > 0
     np.testing.assert_allclose(out.asnumpy(), _expected(net, x.asnumpy()), rtol=1e-5,
                                atol=1e-6)
 
@@ -147,7 +137,6 @@ def test_a_parameter_cast_alone_is_a_clear_error_not_a_stale_graph():
 def test_a_queued_call_and_direct_calls_of_one_net_never_mix_their_pointers():
     """One call waits on the engine for a pending input while the next runs directly in this
     thread (and two threads call one net): each call's pointers are its own."""
-    import threading
     net = _mlp()
     xr = hb.array(np.full((1, 8), 0.5, np.float32))
     big = hb.array(np.random.default_rng(0).random((96, 96)).astype(np.float32))
@@ -164,17 +153,7 @@ def test_a_queued_call_and_direct_calls_of_one_net_never_mix_their_pointers():
         np.testing.assert_allclose(o2.asnumpy(), want_r, rtol=1e-4, atol=1e-5)
     xs = [hb.array(np.full((1, 8), float(k), np.float32)) for k in range(2)]
     wants = [_expected(net, x.asnumpy()) for x in xs]
-    bad = [0, 0]
-
-    def work(k):
-        for _ in range(2000):
-            if not np.allclose(net(xs[k]).asnumpy(), wants[k], rtol=1e-4, atol=1e-5):
-                bad[k] += 1
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    bad = mismatches_in_threads(net, xs, wants, 2000, rtol=1e-4, atol=1e-5)
     assert bad == [0, 0]
 
 
@@ -245,12 +224,7 @@ def test_a_dropped_executable_is_freed_without_the_cycle_collector():
     once, not at the next garbage collection."""
     import gc
     import weakref
-    net = _mlp()
-    x = hb.random.normal(size=(1, 8))
-    net.hybridize(backend="llvm")
-    for _ in range(20):
-        net(x).wait_to_read()
-    entry = next(iter(net._cached.entries.values()))
+    net, x, entry = _warm_mlp(20)
     assert entry.caller is not None  # the direct path made it
     exe = weakref.ref(entry.exe)
     del entry
@@ -266,12 +240,7 @@ def test_a_dropped_executable_is_freed_without_the_cycle_collector():
 def test_a_failed_parameter_binding_is_never_trusted_by_the_next_call():
     """A parameter that cannot be converted fails its call; a later call with the earlier,
     good parameters binds them again instead of running on half-rewritten pointers."""
-    net = _mlp()
-    x = hb.random.normal(size=(1, 8))
-    net.hybridize(backend="llvm")
-    for _ in range(5):
-        net(x).wait_to_read()
-    entry = next(iter(net._cached.entries.values()))
+    net, x, entry = _warm_mlp(5)
     run = entry.exe.run
     params = [h._buf.data for h in tracing._param_handles(entry)]
     xd = x._buf.data
