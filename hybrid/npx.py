@@ -87,10 +87,10 @@ def batch_norm(x, gamma, beta, running_mean, running_var, eps=1e-5, momentum=0.9
         y, mu, var = _c.batch_norm_train(F, x, gamma, beta, axis=axis, eps=eps)
         recording, _state.local.recording = _state.local.recording, False
         try:  # running statistics are state, not part of the differentiated graph
-            running_mean._rebind(F.add(F.mul(F.stop_gradient(running_mean), momentum),
-                                       F.mul(F.stop_gradient(mu), 1 - momentum)))
-            running_var._rebind(F.add(F.mul(F.stop_gradient(running_var), momentum),
-                                      F.mul(F.stop_gradient(var), 1 - momentum)))
+            for running, batch in ((running_mean, mu), (running_var, var)):
+                new = _c.batch_norm_running(F, x, running, batch, axis, momentum)
+                if new is not running:  # an empty batch leaves them as they are
+                    running._rebind(new)
         finally:
             _state.local.recording = recording
         return y

@@ -22,6 +22,8 @@ each step pushes this worker's gradients and pulls the current weights, with no 
 """
 from __future__ import annotations
 
+import numbers
+
 from . import kv as _kv
 from . import optimizer as _opt
 from .checkpoint import read_safetensors, write_safetensors
@@ -34,6 +36,16 @@ __all__ = ["Trainer", "StaleGradientError"]
 
 class StaleGradientError(RuntimeError):
     """A parameter's gradient was not written by backward since the last update."""
+
+
+def _check_batch_size(batch_size):
+    """An empty batch (or a negative size, which would flip the update) has no step to take:
+    refused by name (Gluon divides by it and raises a bare ZeroDivisionError)."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Real) or \
+            not batch_size > 0:
+        raise ValueError(f"Trainer.step: batch_size must be a positive number (the gradients "
+                         f"are divided by it), got {batch_size!r}; an empty batch has no "
+                         "gradient to apply: skip the step")
 
 
 class Trainer:
@@ -166,6 +178,7 @@ class Trainer:
         """allreduce_grads() then update(batch_size): one optimizer step with gradients
         rescaled by 1 / batch_size (and by 1 / num_workers for synchronous dist stores).
         With update_on_kvstore: push the gradients, pull the updated weights."""
+        _check_batch_size(batch_size)  # before any gradient is summed
         self._init_kvstore()
         if self._uok:
             self._step_on_kvstore(batch_size, ignore_stale_grad)
@@ -179,12 +192,17 @@ class Trainer:
             flags = fresh.get(i, [True] * len(p._data))
             if not all(flags) and not ignore_stale_grad:
                 self._stale_error(i, p, flags)
-        self._optimizer.rescale_grad = self._scale / (batch_size * self._workers)
+        self._optimizer.rescale_grad = self._rescale(batch_size)
         keys, grads, items = self._grad_lists()
         self._kv.push(keys, grads)
         self._kv.pull(keys, out=[list(p._data) for _, p in items])
         for _, p in items:
             p._stale = {a.device: a.grad._buf for a in p._data}
+
+    def _rescale(self, batch_size) -> float:
+        """The gradients' scale for a step over ``batch_size`` samples."""
+        _check_batch_size(batch_size)
+        return self._scale / (batch_size * self._workers)
 
     def _stale_error(self, i, p, flags):
         dev = p._data[flags.index(False)].device
@@ -242,9 +260,10 @@ class Trainer:
         if self._uok:
             raise RuntimeError("Trainer: update() is not possible when parameters are updated "
                                "on the kvstore (update_on_kvstore); call step()")
+        rescale = self._rescale(batch_size)
         fresh = self._fresh if self._fresh is not None else self._freshness()
         self._fresh = None
-        self._optimizer.rescale_grad = self._scale / (batch_size * self._workers)
+        self._optimizer.rescale_grad = rescale
         todo = []
         for i, p in self._trainable():
             flags = fresh.get(i)

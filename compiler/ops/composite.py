@@ -197,6 +197,21 @@ def batch_norm_train(F, x, gamma, beta, axis=1, eps=1e-5):
     return y, F.reshape(mu, shape=c), F.reshape(v, shape=c)
 
 
+def batch_norm_running(F, x, running, batch, axis=1, momentum=0.9):
+    """A running statistic after the training batch ``x``: ``momentum * running + (1 -
+    momentum) * batch``, cut off from the differentiated graph.
+
+    A batch with no element per channel (0 rows, or an empty spatial extent) has no
+    statistics (its mean is NaN): ``running`` itself is returned, unchanged, as PyTorch
+    leaves it. The count is static (shapes are part of every graph's key), so each backend
+    sees either the plain update or no op at all."""
+    nd = len(_shape(x))
+    if count(_shape(x), tuple(i for i in range(nd) if i != axis % nd)) == 0:
+        return running
+    return F.add(F.mul(F.stop_gradient(running), momentum),
+                 F.mul(F.stop_gradient(batch), 1 - momentum))
+
+
 def batch_norm_infer(F, x, gamma, beta, running_mean, running_var, axis=1, eps=1e-5):
     nd = len(_shape(x))
     axis = axis % nd
