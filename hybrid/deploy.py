@@ -431,7 +431,8 @@ def _check_rules(batch, doc):
 
 # ------------------------------------------------------------------ loading
 class Deployed:
-    """A loaded artifact: call it like the block it came from (one engine op per call).
+    """A loaded artifact: call it like the block it came from (one engine op per call), with
+    inputs on ``device``; its outputs are on ``device``.
 
     Runs at the exported input shapes, and when the artifact allows it at any batch size
     (compiling once per batch size; the ``MAX_SHAPES`` most recent are kept). ``graph`` is
@@ -517,6 +518,10 @@ class Deployed:
     def __call__(self, *args, **kwargs):
         from .dispatch import Caller  # noqa: PLC0415
         leaves, tree = flatten((args, kwargs))
+        dev = self.device
+        for a in leaves:
+            if a.device is not dev and a.device != dev:
+                self._wrong_device(leaves)
         specs = [(tuple(a.shape), a._dtype) for a in leaves]
         want = [(s.shape, s.dtype) for s in self.input_specs]
         batch = self.batch_size
@@ -530,6 +535,12 @@ class Deployed:
             self._callers[batch] = caller
         outs = caller(leaves, self.params, "deployed")
         return unflatten(self.out_tree, outs[:self.n_outputs])
+
+    def _wrong_device(self, leaves):
+        i, d = next((i, a.device) for i, a in enumerate(leaves) if a.device != self.device)
+        raise ValueError(f"input {i} is on {d}, but this model was loaded on {self.device}: "
+                         f"move the input with x.copyto({self.device}), or load the model "
+                         f"with device={d}")
 
     def _batch_of(self, specs, want):
         if self.dynamic_batch and len(specs) == len(want) and specs and all(
@@ -577,6 +588,12 @@ def load(path, device=None, trust_native_code: bool = False, backend=None) -> De
     also with ``trust_native_code=True`` (shipping native code is not implemented).
     ``backend``: 'reference', 'llvm' or 'cuda'; by default the exporting backend when it is
     'reference', else LLVM when available.
+
+    ``device``: where the model runs, whatever device it was exported from (default: the
+    current device, ``with hb.cpu(1):``); its weights live there and its outputs are
+    returned there. Inputs must be on that device too: one on another device is refused
+    with a ValueError naming it (as an eager op with arguments on two devices is), never
+    copied behind the caller's back.
     """
     from compiler.verify import verify  # noqa: PLC0415
     device = parse_device(device)
@@ -592,8 +609,9 @@ def load(path, device=None, trust_native_code: bool = False, backend=None) -> De
     doc = parse_json(raw, f"{path}: graph.json")
     if not isinstance(doc, dict):
         raise ArtifactError(f"{path}: graph.json refused: not a hybrid graph")
+    doc = _placed(doc, device)
     try:
-        graph = Graph.from_json(raw, constants=consts)
+        graph = Graph.from_json(json.dumps(doc), constants=consts)
         verify(graph, "loading")
         _check_sizes(graph)
     except GraphError as exc:
@@ -612,6 +630,18 @@ def load(path, device=None, trust_native_code: bool = False, backend=None) -> De
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     return Deployed(graph, doc, batch, weights, man, device, backend)
+
+
+def _placed(doc: dict, device) -> dict:
+    """graph.json with every node on ``device``: the graph records the device it was
+    exported from (one device: export refuses graphs that span several), and a model
+    loaded with ``device=`` runs there, not on the exporter's device."""
+    nodes = doc.get("nodes")
+    if not isinstance(nodes, list):
+        return doc  # malformed: Graph.from_json says why
+    where = str(device)
+    return dict(doc, nodes=[dict(n, device=where) if isinstance(n, dict) else n
+                            for n in nodes])
 
 
 def _load_weights(path, data: bytes) -> dict:

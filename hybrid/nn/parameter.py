@@ -266,7 +266,7 @@ class Parameter:
         self._stale = {a.device: a.grad._buf for a in self._data or () if a.grad is not None}
 
     # ------------------------------------------------------------ access
-    def _index(self, device):
+    def _check_initialized(self):
         if self._data is None:
             if self._deferred_init is not None:
                 raise DeferredInitializationError(
@@ -275,18 +275,27 @@ class Parameter:
                     "Pass one batch of data through the network before accessing it.")
             raise RuntimeError(f"Parameter '{self.full_name}' has not been initialized; call "
                                "net.initialize()")
+
+    def _index(self, device):
+        """The position of ``device``'s copy. With no device: the only copy, else the current
+        device's (``with hb.cpu(1):``), as Gluon does; a parameter with copies on several
+        devices but not on the current one is an error, never some other device's copy."""
+        self._check_initialized()
         if device is None:
             if len(self._devices) == 1:
                 return 0
-            cur = current_device()
-            return self._devices.index(cur) if cur in self._devices else 0
-        device = parse_device(device) if not isinstance(device, Device) else device
+            device = current_device()
+            where = f"device {device} (the current device)"
+            hint = "pass device= (or use list_data() for every copy)"
+        else:
+            device = parse_device(device) if not isinstance(device, Device) else device
+            where = str(device)
+            hint = "initialize the network with device=[...] listing every device you use"
         try:
             return self._devices.index(device)
         except ValueError:
-            raise RuntimeError(f"Parameter '{self.full_name}' was not initialized on {device}; "
-                               f"it has copies on {self._devices}. Initialize the network "
-                               f"with device=[...] listing every device you use") from None
+            raise RuntimeError(f"Parameter '{self.full_name}' was not initialized on {where}; "
+                               f"it has copies on {self._devices}; {hint}") from None
 
     def data(self, device=None, ctx=None):
         """This parameter's value on ``device`` (the only or current device by default)."""
@@ -296,7 +305,7 @@ class Parameter:
         return self._data[self._index(device if device is not None else ctx)]
 
     def list_data(self) -> list:
-        self._index(None)
+        self._check_initialized()
         return list(self._data)
 
     def grad(self, device=None, ctx=None):
@@ -309,7 +318,7 @@ class Parameter:
         if self._grad_req == "null":
             raise RuntimeError(f"Parameter '{self.full_name}' has grad_req='null': it has no "
                                "gradient")
-        self._index(None)
+        self._check_initialized()
         return [d.grad for d in self._data]
 
     def list_device(self) -> list:
@@ -400,7 +409,7 @@ class Parameter:
             self._init_impl(array(value, dtype=self._dtype, device=devices[0]), devices)
 
     def _check_and_get_numpy(self) -> np.ndarray:
-        self._index(None)
+        self._check_initialized()
         return self._data[0].asnumpy()
 
 
