@@ -106,9 +106,7 @@ def dropout(data, p=0.5, mode="training", axes=()):
     if p <= 0 or (mode == "training" and not _state.is_training()):
         return data
     from .random import key_array  # noqa: PLC0415
-    from .tracing import random_key  # noqa: PLC0415
-    key = random_key(data.device) if _state.tracing() else key_array(data.device)
-    return _c.dropout(F, data, p, key)
+    return _c.dropout(F, data, p, key_array(data.device))
 
 
 def embedding(data, weight, input_dim=None, output_dim=None):

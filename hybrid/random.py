@@ -12,6 +12,7 @@ import numpy as np
 
 from runtime.device import parse_device
 
+from . import _state
 from .ndarray import NDArray, apply, array
 
 _lock = threading.Lock()
@@ -42,6 +43,12 @@ def next_key(device) -> int:
 
 
 def key_array(device) -> NDArray:
+    """The key of one random op: the stream's next key, or inside a hybridized forward an
+    input of the graph that every call fills with the stream's next key (never a constant
+    baked into the graph, which would draw the same numbers at every call)."""
+    if _state.tracing():
+        from .tracing import random_key  # noqa: PLC0415 - tracing imports this module
+        return random_key(device)
     return array(np.int64(next_key(device)), dtype="int64", device=device)
 
 

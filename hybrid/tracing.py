@@ -10,8 +10,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import struct
 import sys
 import threading
+import time
 
 import numpy as np
 
@@ -25,7 +27,8 @@ from runtime.executable import PartitionedExecutable
 from . import _state
 from .dispatch import Caller, _push
 from ._where import user_frame
-from .ndarray import NDArray, rebind_token
+from .ndarray import NDArray, array, rebind_token
+from .nn.block import describe_change, fingerprint, structure_epoch as _structure_epoch
 from .nn.parameter import data_epoch as _param_epoch
 
 _log_re = config.logger("recompiles")
@@ -126,8 +129,8 @@ class Trace:
         self.param_of_node: dict = {}  # node -> Parameter
         self._consts: dict = {}
         self.state_updates: list = []  # (Parameter, node id)
-        self.key_node = None
-        self.n_random = 0
+        self.key_inputs: list = []  # (input node, device): one per random op, in program order
+        self.first_keys: list = []  # the keys this (first) call's draws take, see random_key
 
     def apply(self, name, args, attrs):
         conv = []
@@ -192,13 +195,18 @@ class Trace:
         nid = self._param_nodes[key]
         return Tracer(self, nid, self.graph.spec(nid), device)
 
-    def random_key(self):
-        """A fresh per-call key for each random op: one key input, offset per op."""
-        if self.key_node is None:
-            self.key_node = self.graph.add_input(Spec((), "int64"), "rng_key", str(self.device))
-        self.n_random += 1
-        key = Tracer(self, self.key_node, Spec((), "int64"), self.device)
-        return self.apply("add", (key, self.n_random * 0x2545F4914F6CDD1D % (1 << 62)), {})
+    def random_key(self, device=None):
+        """The key of one random op: an input of its own, filled at every call with the next
+        key of the device's stream, in program order — so the same seed gives the same draws
+        eagerly and hybridized. This (first) call's key is taken from the stream now, where
+        the eager program would take it (between an initializer's draws, say)."""
+        from .random import next_key  # noqa: PLC0415 - random imports ndarray, as we do
+        device = parse_device(device) if device is not None else self.device
+        nid = self.graph.add_input(Spec((), "int64"), f"rng_key{len(self.key_inputs)}",
+                                   str(device))
+        self.key_inputs.append((nid, device))
+        self.first_keys.append(next_key(device))
+        return Tracer(self, nid, Spec((), "int64"), device)
 
 
 def _param_name(param):
@@ -226,7 +234,7 @@ def param_symbol(param, device=None):
 
 
 def random_key(device=None):
-    return _state.local.trace.random_key()
+    return _state.local.trace.random_key(device)
 
 
 def inplace_rebind(target: NDArray, new):
@@ -242,7 +250,7 @@ def inplace_rebind(target: NDArray, new):
             tr.state_updates = [(q, n) for q, n in tr.state_updates if q is not p]
             tr.state_updates.append((p, new._nid))
             tr.param_of_node[new._nid] = p  # a later update of the same array: the same state
-        target._nid = new._nid
+        target._nid = new._nid  # an input's Tracer: _build writes its last value back
         target._dtype = new._dtype
         return
     raise TraceError(f"in-place update of an array captured from outside forward at {_at()}: "
@@ -250,8 +258,45 @@ def inplace_rebind(target: NDArray, new):
 
 
 # ============================================================ pytrees
+class Static:
+    """A non-array argument as part of a signature: equal only to the same type and the same
+    exact value, so 2, 2.0 and True, 0.0 and -0.0 each get a graph of their own and a NaN
+    finds its graph again (it is never == itself)."""
+
+    __slots__ = ("value", "_key")
+
+    def __init__(self, value):
+        self.value = value
+        self._key = _static_key(value)
+
+    def __eq__(self, other):
+        return isinstance(other, Static) and self._key == other._key
+
+    def __hash__(self):
+        return hash(self._key)
+
+    def __repr__(self):
+        return repr(self.value)
+
+
+def _static_key(o):
+    t = type(o)
+    if t is float:
+        return t, struct.pack("<d", o)  # the bits: the sign of zero, every NaN alike
+    if t is complex:
+        return t, struct.pack("<dd", o.real, o.imag)
+    if isinstance(o, np.generic):
+        return t, o.dtype.str, o.tobytes()
+    try:
+        hash(o)
+        return t, o
+    except TypeError:
+        return t, repr(o)
+
+
 def flatten(obj):
-    """(leaves, treedef): NDArray leaves; static Python values become part of the treedef."""
+    """(leaves, treedef): NDArray leaves; other values become part of the treedef as
+    ``("s", Static(value))``."""
     leaves = []
 
     def rec(o):
@@ -265,11 +310,7 @@ def flatten(obj):
         if isinstance(o, dict):
             keys = tuple(o.keys())
             return ("d", keys, tuple(rec(o[k]) for k in keys))
-        try:
-            hash(o)
-            return ("s", o)
-        except TypeError:
-            return ("s", repr(o))
+        return ("s", Static(o))
     return leaves, rec(obj)
 
 
@@ -286,7 +327,7 @@ def unflatten(treedef, leaves):
             return [rec(x) for x in t[1]]
         if kind == "d":
             return {k: rec(x) for k, x in zip(t[1], t[2])}
-        return t[1]
+        return t[1].value if isinstance(t[1], Static) else t[1]
     return rec(treedef)
 
 
@@ -299,7 +340,7 @@ class Compiled:
     out_tree: tuple
     n_user_out: int
     state_updates: list  # (Parameter, output index)
-    uses_key: bool
+    key_devices: list  # the device of each random op's key input (the last inputs)
     backend: str
     exe: object = None
     # needs-grad flags -> (TrainingGraphs, fwd exe, bwd exe, wrt input idx, wrt param idx)
@@ -309,6 +350,12 @@ class Compiled:
     caller: object = None  # its dispatch.Caller, once a direct call made it
     param_devices: list = dataclasses.field(default_factory=list)  # the device of each param
     trace_seconds: float = 0.0
+    input_writes: list = dataclasses.field(default_factory=list)  # (leaf, output index)
+    first_keys: list = dataclasses.field(default_factory=list)  # the tracing call's keys
+
+    @property
+    def uses_key(self) -> bool:
+        return bool(self.key_devices)
 
     def executable(self):
         return self.exe
@@ -331,6 +378,10 @@ class CachedFunction:
         self.fast: dict = {}  # (array specs, training) -> entry, for positional-array calls
         self.retraces: list = []  # (reason, signature)
         self._lock = threading.Lock()
+        # the owner's block tree as traced: a change (a child added or replaced, a parameter
+        # replaced or shared, hooks, hybridize flags) drops every compiled entry
+        self._epoch = _structure_epoch[0]
+        self._tree = fingerprint(owner) if owner is not None else None
 
     @property
     def backend(self):
@@ -344,6 +395,8 @@ class CachedFunction:
                 _state.is_training())
 
     def __call__(self, args, kwargs):
+        if self._epoch != _structure_epoch[0]:
+            self._check_tree()
         if not kwargs:  # the common case: positional arrays only, no pytree walk
             loc = _state.local
             key = [loc.training]  # then shape, dtype, device of each argument
@@ -377,16 +430,29 @@ class CachedFunction:
                 self.fast[(sig[2],) + tuple(x for spec in sig[1] for x in spec)] = entry
         return _run(entry, leaves, self.name)
 
+    def _check_tree(self):
+        with self._lock:
+            self._epoch = _structure_epoch[0]
+            if self.owner is None:
+                return
+            tree = fingerprint(self.owner)
+            if tree != self._tree:
+                reason = describe_change(self._tree, tree)
+                if self.entries:
+                    _log_re.info("%s: dropping %d compiled graph(s) because %s", self.name,
+                                 len(self.entries), reason)
+                    self.retraces.append((reason, None))
+                self._tree = tree
+                self.entries, self.fast = {}, {}
+
     def _build(self, sig, leaves, tree, args, kwargs):
-        import time  # noqa: PLC0415
-        if self.entries:
+        if self.retraces and self.retraces[-1][1] is None and not self.entries:
+            self.retraces[-1] = (self.retraces[-1][0], sig)  # the block tree changed
+        elif self.entries:
             reason = _why_retrace(list(self.entries), sig)
             self.retraces.append((reason, sig))
             _log_re.info("%s: re-tracing because %s", self.name, reason)
         device = leaves[0].device if leaves else cpu(0)
-        if self.owner is not None and _has_deferred(self.owner):
-            with _autograd_paused():  # finish deferred shape inference eagerly, once
-                self.fn(*args, **kwargs)
         t0 = time.perf_counter()
         names = {}
         if self.owner is not None and hasattr(self.owner, "collect_params"):
@@ -395,10 +461,13 @@ class CachedFunction:
         tracers = [Tracer(trace, trace.graph.add_input(Spec(a.shape, a._dtype), f"in{i}",
                                                        str(a.device)), Spec(a.shape, a._dtype),
                           a.device) for i, a in enumerate(leaves)]
+        in_nodes = [t._nid for t in tracers]
         targs, tkwargs = unflatten(tree, tracers)
         loc = _state.local
         old, loc.trace = loc.trace, trace
         try:
+            # deferred shapes are inferred here, while tracing: forward runs once per call,
+            # its side effects (BatchNorm's statistics, a print) included
             out = self.fn(*targs, **tkwargs)
         finally:
             loc.trace = old
@@ -415,17 +484,22 @@ class CachedFunction:
         for p, nid in trace.state_updates:
             updates.append((p, len(g.outputs)))
             g.outputs.append(nid)
-        if trace.key_node is not None:
-            g.inputs.remove(trace.key_node)
-            g.inputs.append(trace.key_node)  # the key is always the last input
+        writes = []  # inputs written in forward (x[:] = v, x += 1): their last value goes back
+        for i, (t, nid) in enumerate(zip(tracers, in_nodes)):
+            if t._nid != nid:
+                writes.append((i, len(g.outputs)))
+                g.outputs.append(t._nid)
+        key_nodes = [nid for nid, _ in trace.key_inputs]
+        g.inputs = [n for n in g.inputs if n not in key_nodes] + key_nodes  # keys come last
         g.remove_dead()
         entry = Compiled(sig, g, trace.params, out_tree, n_user, updates,
-                         trace.key_node is not None, self.backend,
+                         [d for _, d in trace.key_inputs], self.backend,
                          param_devices=trace.param_devices,
-                         trace_seconds=time.perf_counter() - t0)
+                         trace_seconds=time.perf_counter() - t0, input_writes=writes,
+                         first_keys=list(trace.first_keys))
         from compiler.pipeline import compile as compile_graph  # noqa: PLC0415
         entry.exe = compile_graph(g, entry.backend, device)
-        entry.direct = not entry.uses_key and not updates and \
+        entry.direct = not entry.uses_key and not updates and not writes and \
             not isinstance(entry.exe, PartitionedExecutable)
         self.entries[sig] = entry
         return entry
@@ -454,31 +528,6 @@ def _why_retrace(old_sigs, sig) -> str:
         if best is None or len(diffs) < len(best):
             best = diffs
     return "; ".join(best) if best else "a new signature"
-
-
-def _has_deferred(block) -> bool:
-    try:
-        params = block.collect_params().values()
-    except Exception:  # noqa: BLE001 - a plain function owner has no params
-        return False
-    for p in params:
-        shape = getattr(p, "shape", None)
-        if shape is None or any(int(s) <= 0 for s in shape):
-            return True
-        if hasattr(p, "_data") and not p._data:
-            return True
-    return False
-
-
-@contextlib.contextmanager
-def _autograd_paused():
-    loc = _state.local
-    old = loc.recording
-    loc.recording = False
-    try:
-        yield
-    finally:
-        loc.recording = old
 
 
 @functools.cache  # importability does not change within a process
@@ -522,9 +571,8 @@ def _run(entry: Compiled, leaves, name):
     device = leaves[0].device if leaves else cpu(0)
     handles = _param_handles(entry)
     inputs = list(leaves)
-    if entry.uses_key:
-        from .random import key_array  # noqa: PLC0415
-        inputs.append(key_array(device))
+    if entry.key_devices:
+        inputs += _keys(entry)
     recording = _state.is_recording()
     if recording and any(_needs_grad(a) for a in inputs + handles):
         outs = _run_training(entry, inputs, handles, device, name)
@@ -534,9 +582,20 @@ def _run(entry: Compiled, leaves, name):
     for p, k in entry.state_updates:
         handles[entry.params.index(p)]._buf = outs[k]._buf
         rebind_token[0] = object()
+    for i, k in entry.input_writes:
+        leaves[i]._rebind(outs[k])
     if entry.out_tree == _SINGLE:  # the common case: one array out
         return outs[0]
     return unflatten(entry.out_tree, outs[:entry.n_user_out])
+
+
+def _keys(entry):
+    """One key array per random op: the tracing call's own keys once (taken from the stream
+    where eager would take them), then the stream's next keys, in program order."""
+    from .random import next_key  # noqa: PLC0415
+    first, entry.first_keys = entry.first_keys, []
+    keys = first or [next_key(d) for d in entry.key_devices]
+    return [array(np.int64(k), dtype="int64", device=d) for k, d in zip(keys, entry.key_devices)]
 
 
 _SINGLE = ("a",)

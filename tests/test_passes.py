@@ -29,7 +29,7 @@ def body(graph):
 def test_simplify_golden():
     g, (x,) = _g((2, 3))
     a = op(g, "mul", x, 1.0)
-    b = op(g, "add", a, 0.0)
+    b = op(g, "add", a, -0.0)  # the IEEE identity (x + 0.0 is +0.0 for x = -0.0)
     t = op(g, "transpose", b, axes=(1, 0))
     t2 = op(g, "transpose", t, axes=(1, 0))
     r = op(g, "reshape", t2, shape=(6,))
@@ -43,6 +43,16 @@ def test_simplify_golden():
     assert rep["hits"]["common subexpression"] == 1
     assert rep["hits"]["transpose(transpose(x))"] == 1
     assert "x*1" in rep["hits"] and "x+0" in rep["hits"]
+
+
+def test_simplify_keeps_float_additions_of_positive_zero():
+    g, (x,) = _g((2,))
+    g.outputs = [op(g, "add", x, 0.0), op(g, "sub", x, -0.0)]
+    out, rep = simplify(g)
+    assert "add(%0, 0.0)" in out.format() and "sub(%0, -0.0)" in out.format()
+    neg = np.array([-0.0, 1.0], np.float32)
+    for got in run_reference(out, [neg]):
+        assert np.signbit(got[0]) == np.signbit(np.float32(-0.0) + np.float32(0.0))
 
 
 def test_simplify_keeps_x_times_zero_for_floats_and_folds_constants():

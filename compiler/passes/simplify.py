@@ -5,6 +5,8 @@ the node that replaces ``node`` or None. Hits are counted per rule in the report
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..graph import SOURCE_OPS, Graph, NodeRef
@@ -22,14 +24,20 @@ def _same_type(graph, a, n):
     return graph.spec(a) == graph.spec(n)
 
 
-def _identity_binary(op, unit, side):
-    """x op unit -> x (for side 1) or unit op x -> x (side 0), when the type is unchanged."""
+def _identity_binary(op, unit, side, zero_sign=0):
+    """x op unit -> x (for side 1) or unit op x -> x (side 0), when the type is unchanged.
+
+    zero_sign: for a float result, the sign the zero unit must have to be an identity under
+    IEEE rules (x + -0.0 and x - 0.0 are x; x + 0.0 is +0.0 for x = -0.0)."""
     def rule(graph, n):
         if graph.op(n) != op:
             return None
         args = graph.args(n)
         other = 1 - side
         if isinstance(args[side], NodeRef) or args[side] != unit:
+            return None
+        if zero_sign and graph.spec(n).dtype.startswith("float") and \
+                math.copysign(1.0, args[side]) != zero_sign:
             return None
         if not isinstance(args[other], NodeRef) or not _same_type(graph, args[other].id, n):
             return None
@@ -138,9 +146,9 @@ def _broadcast_noop(graph, n):
 RULES = [
     ("x*1", _identity_binary("mul", 1, 1)),
     ("1*x", _identity_binary("mul", 1, 0)),
-    ("x+0", _identity_binary("add", 0, 1)),
-    ("0+x", _identity_binary("add", 0, 0)),
-    ("x-0", _identity_binary("sub", 0, 1)),
+    ("x+0", _identity_binary("add", 0, 1, zero_sign=-1)),
+    ("0+x", _identity_binary("add", 0, 0, zero_sign=-1)),
+    ("x-0", _identity_binary("sub", 0, 1, zero_sign=1)),
     ("x/1", _identity_binary("div", 1, 1)),
     ("x*0 (integers)", _mul_zero_int),
     ("transpose(transpose(x))", _double_transpose),
@@ -175,7 +183,8 @@ def _fold(graph: Graph, n, hits) -> int | None:
 
 def _cse_key(graph, n):
     d = graph.node(n)
-    args = tuple(("n", a.id) if isinstance(a, NodeRef) else ("s", type(a).__name__, a)
+    # a scalar by its repr: 0.0 and -0.0 are == but different operands
+    args = tuple(("n", a.id) if isinstance(a, NodeRef) else ("s", type(a).__name__, repr(a))
                  for a in graph.args(n))
     return (d["op"], args, repr(sorted(d["attrs"].items())), d["device"])
 

@@ -31,6 +31,59 @@ __all__ = ["Block", "HybridBlock", "Sequential", "HybridSequential", "Lambda", "
 _counters: dict = collections.defaultdict(itertools.count)
 _counter_lock = threading.Lock()
 
+# Bumped by every change to any block tree (children, parameters, hooks, hybridize flags): a
+# hybridized block's cache compares its tree's fingerprint again only then (see fingerprint).
+structure_epoch = [0]
+
+
+def _structure_changed():
+    structure_epoch[0] += 1
+
+
+def fingerprint(block) -> tuple:
+    """What a traced graph of ``block`` depends on besides its inputs: every descendant
+    (path, identity, type, hybridize flags, hooks) and every parameter (path, identity)."""
+    out = []
+
+    def rec(b, path):
+        flags = tuple(sorted((k, repr(v)) for k, v in (getattr(b, "_hybrid_flags", None) or
+                                                        {}).items()))
+        out.append((path, id(b), type(b).__name__, getattr(b, "_active", None), flags,
+                    tuple(b._forward_pre_hooks), tuple(b._forward_hooks)))
+        for k, p in b._reg_params.items():
+            out.append((path + k, id(p)))
+        for k, c in b._children.items():
+            rec(c, path + k + ".")
+    rec(block, "")
+    return tuple(out)
+
+
+def describe_change(old: tuple, new: tuple) -> str:
+    """The first differences between two fingerprints, in words (for the recompiles log)."""
+    def index(fp):
+        return {(e[0], len(e)): e for e in fp}
+    a, b = index(old), index(new)
+    words = []
+    for key in b.keys() - a.keys():
+        words.append(f"{'parameter' if key[1] == 2 else 'child'} '{key[0].rstrip('.') or '.'}'"
+                     " was added")
+    for key in a.keys() - b.keys():
+        words.append(f"{'parameter' if key[1] == 2 else 'child'} '{key[0].rstrip('.') or '.'}'"
+                     " was removed")
+    for key in a.keys() & b.keys():
+        if a[key] == b[key]:
+            continue
+        name = key[0].rstrip(".") or "the block"
+        if key[1] == 2:
+            words.append(f"parameter '{name}' was replaced by another Parameter")
+        elif a[key][1:3] != b[key][1:3]:
+            words.append(f"child '{name}' was replaced")
+        elif a[key][3:5] != b[key][3:5]:
+            words.append(f"the hybridize flags of {name} changed")
+        else:
+            words.append(f"the forward hooks of {name} changed")
+    return "; ".join(sorted(words)[:4]) or "the block tree changed"
+
 
 def _tracing():
     """hybrid.tracing (it imports this module): a dict look-up, cheaper than an import
@@ -61,9 +114,11 @@ class HookHandle:
         self._hooks = hooks
         self._id = next(self._ids)
         hooks[self._id] = hook
+        _structure_changed()
 
     def detach(self):
-        self._hooks.pop(self._id, None)
+        if self._hooks.pop(self._id, None) is not None:
+            _structure_changed()
 
     def __enter__(self):
         return self
@@ -109,9 +164,15 @@ class Block:
         elif name in self._children or name in self._reg_params:
             self._children.pop(name, None)
             self._reg_params.pop(name, None)
+        else:
+            object.__setattr__(self, name, value)
+            return
         object.__setattr__(self, name, value)
+        _structure_changed()
 
     def __delattr__(self, name):
+        if name in self._children or name in self._reg_params:
+            _structure_changed()
         self._children.pop(name, None)
         self._reg_params.pop(name, None)
         object.__delattr__(self, name)
@@ -125,6 +186,7 @@ class Block:
             name = str(len(self._children))
         self._check_child(block)
         self._children[name] = block
+        _structure_changed()
         return block
 
     def register_parameter(self, name: str, param: Parameter):
@@ -247,6 +309,7 @@ class Block:
                 object.__setattr__(self, name, shared[key])
                 self._reg_params[name] = shared[key]
                 left.discard(key)
+                _structure_changed()
         for name, child in self._children.items():
             child._share(shared, left, prefix + name + ".")
 
@@ -456,6 +519,7 @@ class HybridBlock(Block):
             child.hybridize(active, backend=backend, static_alloc=static_alloc,
                             static_shape=static_shape, **flags)
         self._cached = None
+        _structure_changed()
 
     def __call__(self, *args, **kwargs):
         if self._forward_pre_hooks:

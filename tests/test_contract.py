@@ -1,0 +1,280 @@
+"""The contract: hybridizing never changes what a program does (DESIGN.md §3a).
+
+Each test runs the same program eagerly and hybridized and compares what a user can observe:
+outputs, the random stream, running statistics, side effects of forward, the caller's arrays
+after in-place writes, the choice of compiled graph for scalar arguments, and re-tracing after
+the block tree changes.
+"""
+from __future__ import annotations
+
+import math
+import types
+
+import numpy as np
+import pytest
+
+import hybrid as hb
+from hybrid import autograd, init, nn
+
+BACKENDS = ["llvm", "reference"]
+
+
+def _both(build, run, backend):
+    """run(block) eagerly and hybridized on ``backend``, each from the same seed."""
+    results = []
+    for hybrid in (False, True):
+        hb.random.seed(1234)
+        block = build()
+        if hybrid:
+            block.hybridize(backend=backend)
+        results.append(run(block))
+    return results
+
+
+# ------------------------------------------------------------------ 1. random draws
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_random_draws_are_fresh_every_call_and_follow_the_eager_stream(backend):
+    def noisy(x):
+        return x + hb.random.normal(size=x.shape) + hb.random.uniform(size=x.shape)
+
+    x = hb.zeros((5,))
+    hb.random.seed(3)
+    eager = [noisy(x).asnumpy() for _ in range(3)]
+    compiled = hb.hybridize(noisy, backend=backend)
+    hb.random.seed(3)
+    hybrid = [compiled(x).asnumpy() for _ in range(3)]
+    assert not np.array_equal(hybrid[0], hybrid[1]), "the same draws at every call"
+    for e, h in zip(eager, hybrid):
+        np.testing.assert_array_equal(e, h)
+    # and the stream goes on where eager's would: the next eager draw matches too
+    hb.random.seed(3)
+    for _ in range(3):
+        noisy(x)
+    want = hb.random.normal(size=(2,)).asnumpy()
+    hb.random.seed(3)
+    for _ in range(3):
+        compiled(x)
+    np.testing.assert_array_equal(hb.random.normal(size=(2,)).asnumpy(), want)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("mode", ["predict", "record"])
+def test_random_draws_in_a_block(backend, mode):
+    class Noisy(nn.HybridBlock):
+        def forward(self, x):
+            return x * hb.random.uniform(size=x.shape)
+
+    def run(block):
+        x = hb.ones((4,))
+        outs = []
+        for _ in range(3):
+            if mode == "record":
+                with autograd.record():
+                    outs.append(block(x).asnumpy())
+            else:
+                outs.append(block(x).asnumpy())
+        return outs
+
+    eager, hybrid = _both(Noisy, run, backend)
+    assert not np.array_equal(hybrid[0], hybrid[1])
+    for e, h in zip(eager, hybrid):
+        np.testing.assert_array_equal(e, h)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_dropout_masks_match_eager_with_deferred_initialization(backend):
+    """The initializers' draws (deferred: at the first call) and Dropout's interleave in
+    program order; hybridized takes them from the stream in the same order."""
+    def build():
+        net = nn.HybridSequential()
+        net.add(nn.Dense(16), nn.Dropout(0.5), nn.Dense(8), nn.Dropout(0.3), nn.Dense(2))
+        net.initialize(init.Xavier())
+        return net
+
+    def run(net):
+        x = hb.ones((3, 5))
+        outs = []
+        for _ in range(3):
+            with autograd.record():
+                y = net(x)
+            y.backward()
+            outs.append((y.asnumpy(), net[0].weight.grad().asnumpy()))
+        return outs
+
+    eager, hybrid = _both(build, run, backend)
+    for (ye, ge), (yh, gh) in zip(eager, hybrid):
+        np.testing.assert_allclose(yh, ye, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(gh, ge, rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------------------------ 2. side effects once
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_first_training_call_moves_batchnorm_statistics_once(backend):
+    def build():
+        net = nn.HybridSequential()
+        net.add(nn.Dense(6), nn.BatchNorm(), nn.Dense(3), nn.BatchNorm())
+        net.initialize()
+        return net
+
+    def run(net):
+        x = hb.array(np.random.default_rng(0).normal(size=(8, 5)).astype("float32") * 3 + 1)
+        stats = []
+        for _ in range(2):
+            with autograd.record():
+                net(x)
+            stats.append([p.data().asnumpy() for name, p in net.collect_params().items()
+                          if "running" in name])
+        return stats
+
+    eager, hybrid = _both(build, run, backend)
+    for se, sh in zip(eager, hybrid):
+        for a, b in zip(se, sh):
+            np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+
+
+def test_print_in_forward_runs_once_on_the_first_call(capsys):
+    class Loud(nn.HybridBlock):
+        def __init__(self):
+            super().__init__()
+            self.dense = nn.Dense(3)  # deferred: the first call infers its input size
+
+        def forward(self, x):
+            print("forward ran")
+            return self.dense(x)
+
+    net = Loud()
+    net.initialize()
+    net.hybridize()
+    with autograd.record():
+        net(hb.ones((2, 4)))
+    assert capsys.readouterr().out.count("forward ran") == 1
+
+
+# ------------------------------------------------------------------ 3. stale graphs
+def test_adding_a_child_after_the_first_call_retraces():
+    net = nn.HybridSequential()
+    net.add(nn.Dense(4, flatten=False))
+    net.initialize()
+    net.hybridize()
+    x = hb.ones((2, 3, 2))
+    assert net(x).shape == (2, 3, 4)
+    net.add(nn.Flatten())
+    assert net(x).shape == (2, 12)
+    assert "child '1' was added" in hb.explain(net)
+
+
+class _Two(nn.HybridBlock):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Dense(4)
+        self.head = nn.Dense(3)
+
+    def forward(self, x):
+        return self.head(self.body(x))
+
+
+def test_replacing_a_child_or_a_parameter_retraces():
+    net = _Two()
+    net.initialize()
+    net.hybridize()
+    x = hb.ones((2, 5))
+    assert net(x).shape == (2, 3)
+    net.head = nn.Dense(6)
+    net.head.initialize()
+    assert net(x).shape == (2, 6)
+    ones = nn.Parameter("weight", shape=(6, 4))
+    ones.initialize(init.One())
+    net.head.weight = ones
+    want = net.body(x).asnumpy() @ np.ones((4, 6), "float32") + net.head.bias.data().asnumpy()
+    np.testing.assert_allclose(net(x).asnumpy(), want, rtol=1e-5)
+    assert "parameter 'head.weight' was replaced" in hb.explain(net)
+
+
+def test_sharing_parameters_after_the_first_call_retraces():
+    a, b = _Two(), _Two()
+    for net in (a, b):
+        net.initialize()
+        net.hybridize()
+    x = hb.ones((2, 5))
+    a(x), b(x)
+    b.share_parameters(a.collect_params())
+    np.testing.assert_allclose(b(x).asnumpy(), a(x).asnumpy(), rtol=1e-6)
+
+
+def test_a_hook_registered_after_the_first_call_runs():
+    net = _Two()
+    net.initialize()
+    net.hybridize()
+    x = hb.ones((2, 5))
+    net(x)
+    seen = []
+    net.head.register_forward_hook(lambda block, args, out: seen.append(out.shape))
+    net(x)
+    assert seen == [(2, 3)]
+
+
+# ------------------------------------------------------------------ 4. writes to inputs
+class _Writes(nn.HybridBlock):
+    def forward(self, x, y):
+        x[:] = x + 1
+        x += 1
+        x[:2] = 0
+        y *= 3
+        return x * 2 + y
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_writes_to_inputs_reach_the_callers_arrays(backend):
+    def run(block):
+        x = hb.arange(4).astype("float32")
+        y = hb.ones((4,))
+        seen = []
+        for _ in range(2):
+            out = block(x, y)
+            seen.append((out.asnumpy(), x.asnumpy(), y.asnumpy()))
+        return seen
+
+    eager, hybrid = _both(_Writes, run, backend)
+    for e, h in zip(eager, hybrid):
+        for a, b in zip(e, h):
+            np.testing.assert_array_equal(b, a)
+
+
+# ------------------------------------------------------------------ 5. scalar keys
+def test_a_scalar_argument_is_keyed_by_type_and_bits():
+    @hb.hybridize
+    def f(x, c):
+        return x + c
+
+    xi = hb.array([1, 2], dtype="int32")
+    assert f(xi, 2).dtype == (xi + 2).dtype
+    assert f(xi, 2.0).dtype == (xi + 2.0).dtype
+    neg = hb.zeros((1,)) * -1  # -0.0
+    for c in (0.0, -0.0):
+        got = f(neg, c).asnumpy()
+        assert math.copysign(1, got[0]) == math.copysign(1, (neg + c).asnumpy()[0]), c
+    nan_before = len(f.cache.entries)
+    for _ in range(3):
+        assert np.isnan(f(xi, float("nan")).asnumpy()).all()
+    assert len(f.cache.entries) == nan_before + 1, "a NaN scalar must find its graph again"
+
+
+def test_simplify_keeps_the_sign_of_zero():
+    @hb.hybridize
+    def plus_zero(x):
+        return x + 0.0, 0.0 + x, x - 0.0, x - (-0.0), x + (-0.0)
+
+    neg = hb.zeros((1,)) * -1
+    eager = [v.asnumpy() for v in plus_zero.__wrapped__(neg)]
+    hybrid = [v.asnumpy() for v in plus_zero(neg)]
+    for e, h in zip(eager, hybrid):
+        assert math.copysign(1, h[0]) == math.copysign(1, e[0])
+
+
+def test_unhashable_static_arguments_reach_forward_unchanged():
+    @hb.hybridize
+    def pick(x, opts):
+        return x * opts.scale
+
+    opts = types.SimpleNamespace(scale=3.0)  # unhashable: keyed by its repr
+    np.testing.assert_array_equal(pick(hb.ones((2,)), opts).asnumpy(), [3, 3])
