@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import math
 import numbers
+import operator
 import sys
 from functools import partial as _partial
 
 import numpy as np
 
 from compiler.ops import (REGISTRY, OpError, Spec, dtype_name, eager_kernel, infer_types,
-                          is_scalar)
-from compiler.ops.core import InferCache, attrs_key
+                          is_scalar, result_dtype)
+from compiler.ops.core import INT_RANGE, InferCache, attrs_key
 from runtime import engine as _engine_mod
 from runtime.device import Device, current_device, parse_device
 from runtime.memory import Buffer
@@ -425,8 +426,15 @@ def _eager(name, args, attrs):
             key.append(a._dtype)
         elif is_scalar(a):
             bufs.append(a)
-            # Type rules see a scalar's kind only (weak typing); other kinds key on the value.
-            key.append(type(a) if op is not None and op.kind == "elementwise" else (type(a), a))
+            # Type rules see a scalar's kind only (weak typing); other kinds key on the value,
+            # and so does an integer that does not fit every integer dtype (0..127 fit all):
+            # whether it fits the array's dtype is checked at inference (check_int_fits).
+            t = type(a)
+            if op is not None and op.kind == "elementwise" and (
+                    t is float or t is bool or 0 <= a <= 127 or not _is_int_scalar(a)):
+                key.append(t)
+            else:
+                key.append((t, a))
         else:
             raise TypeError(f"{name}: arguments must be hybrid arrays or Python numbers, got "
                             f"{type(a).__name__} (wrap NumPy data with hb.array) "
@@ -481,6 +489,10 @@ def _eager(name, args, attrs):
     return out if out is not None else outs
 
 
+def _is_int_scalar(a) -> bool:
+    return isinstance(a, (int, np.integer)) and not isinstance(a, (bool, np.bool_))
+
+
 def _transfer(x: NDArray, device: Device) -> NDArray:
     """A copy of x on another device, as an engine op (overlaps with compute)."""
     if _state.tracing():
@@ -521,26 +533,58 @@ def _from_numpy(data: np.ndarray, device: Device) -> NDArray:
 
 
 def array(obj, dtype=None, device=None, ctx=None) -> NDArray:
-    """A new array from a list, NumPy array or hybrid array (float32 by default for floats)."""
+    """A new array from a list, NumPy array or hybrid array (float32 by default for floats).
+
+    Nothing is changed silently on the way in: complex data is refused (no dtype here holds
+    an imaginary part), Python integers that do not fit the dtype asked for raise NumPy's
+    OverflowError, and NumPy integers wider than int64's range (uint64 above 2**63 - 1; no
+    uint64 dtype here) are refused instead of wrapping around."""
     device = parse_device(device or ctx)
     if isinstance(obj, NDArray):
         out = obj.copyto(device) if obj.device != device else obj.copy()
         return out.astype(dtype) if dtype is not None else out
     from_numpy = isinstance(obj, (np.ndarray, np.generic))
-    data = np.asarray(obj.get() if hasattr(obj, "get") and not from_numpy else obj)
-    if dtype is None:
+    if hasattr(obj, "get") and not from_numpy:
+        obj = obj.get()  # cupy
+    name = None if dtype is None else dtype_name(dtype)
+    if name is not None and not from_numpy:
+        data = _python_data(obj, name)  # NumPy's intake rules for the dtype asked for
+    else:
+        data = np.asarray(obj)
+        _check_real(data)
+    if name is None:
         # MXNet's rule: Python data is float32 by default; NumPy data keeps its kind
         if data.dtype == bool:
-            dtype = "bool"
+            name = "bool"
         elif not from_numpy or data.dtype.kind == "f" and data.dtype != np.float16:
-            dtype = "float32"
+            name = "float32"
         elif data.dtype.kind in "iu" and data.dtype.name not in ("int8", "uint8", "int32",
                                                                  "int64"):
-            dtype = "int64"
+            name = "int64"  # int16/uint16/uint32 widen exactly; uint64 only if it fits
+            if data.dtype == np.uint64 and data.size and data.max() > np.iinfo(np.int64).max:
+                raise OverflowError(
+                    f"array: uint64 value {int(data.max())} does not fit int64, the widest "
+                    "integer dtype here (uint64 is not supported); convert it to float64 "
+                    "(inexact above 2**53) or reduce it first")
         else:
-            dtype = data.dtype.name
-    name = dtype_name(dtype)
+            name = dtype_name(data.dtype)
     return _from_numpy(np.array(data, dtype=name, copy=True), device)
+
+
+def _check_real(data: np.ndarray):
+    if data.dtype.kind == "c":
+        raise TypeError(f"array: complex data ({data.dtype}) is not supported: no hybrid dtype "
+                        "holds an imaginary part; pass its .real, .imag or abs() explicitly")
+
+
+def _python_data(obj, name: str) -> np.ndarray:
+    """Python numbers or lists converted straight to dtype ``name`` by NumPy: an integer out
+    of the dtype's range raises OverflowError (a round trip through int64 would wrap it)."""
+    try:
+        return np.array(obj, dtype=name)
+    except (TypeError, ValueError):
+        _check_real(np.asarray(obj))  # complex: say so, in our words
+        raise
 
 
 def asarray(obj, dtype=None, device=None) -> NDArray:
@@ -551,7 +595,12 @@ def asarray(obj, dtype=None, device=None) -> NDArray:
 
 
 def full(shape, fill_value, dtype=None, device=None, ctx=None) -> NDArray:
-    shape = (shape,) if isinstance(shape, numbers.Integral) else tuple(int(s) for s in shape)
+    # operator.index: a float size (2.5) is refused as NumPy refuses it, never truncated
+    shape = (shape,) if isinstance(shape, numbers.Integral) else \
+        tuple(operator.index(s) for s in shape)
+    if isinstance(fill_value, (complex, np.complexfloating)):
+        raise TypeError(f"full: fill_value {fill_value!r} is complex; no hybrid dtype holds "
+                        "an imaginary part")
     device = parse_device(device or ctx)
     if dtype is None:
         dtype = "float32" if isinstance(fill_value, float) or not is_scalar(fill_value) \
@@ -643,7 +692,34 @@ def where(cond, x, y):
 
 
 def clip(x, a_min=None, a_max=None):
-    return apply("clip", (x,), {"a_min": a_min, "a_max": a_max})
+    """NumPy's clip: ``minimum(maximum(x, a_min), a_max)``; each bound a number, an array
+    broadcast against x, or None; with neither bound, a copy of x (NumPy 2.1 and later).
+
+    Number bounds of x's own kind are the one ``clip`` op. Array bounds, and bounds that
+    promote x (an integer array clipped at 1.5 gives floats, as in NumPy), compose the
+    ``maximum`` and ``minimum`` ops, whose promotion and gradients apply."""
+    bounds = [a_min, a_max]
+    for i, b in enumerate(bounds):
+        if b is not None and not is_scalar(b) and not isinstance(b, NDArray) and \
+                not _state.tracing():
+            bounds[i] = asarray(b, device=x.device)
+    lo, hi = bounds
+    dt = getattr(x, "_dtype", None)
+    if dt in INT_RANGE:  # an integer bound beyond the dtype's range clips nothing
+        low, high = INT_RANGE[dt]
+        lo = None if _is_int_scalar(lo) and lo < low else lo
+        hi = None if _is_int_scalar(hi) and hi > high else hi
+    if lo is None and hi is None:
+        return apply("copy", (x,), {})
+    scalars = [b for b in (lo, hi) if b is not None]
+    if all(is_scalar(b) for b in scalars) and result_dtype(x, *scalars) == dt:
+        return apply("clip", (x,), {"a_min": lo, "a_max": hi})
+    out = x
+    if lo is not None:
+        out = apply("maximum", (out, lo), {})
+    if hi is not None:
+        out = apply("minimum", (out, hi), {})
+    return out
 
 
 def _reduction(name):
@@ -722,7 +798,12 @@ def broadcast_to(x, shape):
 
 
 def concatenate(arrays, axis=0):
-    return apply("concatenate", tuple(arrays), {"axis": axis})
+    """NumPy's concatenate; ``axis=None`` joins the flattened arrays."""
+    arrays = tuple(arrays)
+    if axis is None:
+        arrays = tuple(reshape(a, (-1,)) for a in arrays)
+        axis = 0
+    return apply("concatenate", arrays, {"axis": axis})
 
 
 concat = concatenate

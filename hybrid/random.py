@@ -59,6 +59,14 @@ def _shape(size):
 
 
 def uniform(low=0.0, high=1.0, size=None, dtype=None, device=None, ctx=None):
+    # refused as NumPy refuses them, before a key is drawn: an infinite or NaN range
+    # (np.random.uniform: OverflowError) and high < low (np.random.Generator.uniform)
+    if not np.isfinite(float(high) - float(low)):
+        raise OverflowError(f"uniform: high - low must be finite, got low={low!r}, "
+                            f"high={high!r} (NumPy: range exceeds valid bounds)")
+    if float(high) < float(low):
+        raise ValueError(f"uniform: high ({high!r}) < low ({low!r}); NumPy's Generator "
+                         "refuses it (high - low < 0): swap them")
     device = parse_device(device or ctx)
     with device:
         return apply("random_uniform", (key_array(device),),
@@ -67,6 +75,9 @@ def uniform(low=0.0, high=1.0, size=None, dtype=None, device=None, ctx=None):
 
 
 def normal(loc=0.0, scale=1.0, size=None, dtype=None, device=None, ctx=None):
+    if np.signbit(float(scale)) and not np.isnan(float(scale)):  # as NumPy, -0.0 included
+        raise ValueError(f"normal: scale < 0 (got {scale!r}); the standard deviation must "
+                         "be non-negative")
     device = parse_device(device or ctx)
     with device:
         return apply("random_normal", (key_array(device),),

@@ -173,3 +173,250 @@ def test_multi_device_training_still_names_its_devices(tmp_path):
     net.save_parameters(str(tmp_path / "p.safetensors"))
     net.load_parameters(str(tmp_path / "p.safetensors"), device=devices)
     np.testing.assert_array_equal(net[0].weight.data(hb.cpu(2)).asnumpy(), a)
+
+
+# ------------------------------------------------------------ item 9: intake
+def _both(fn, *args):
+    """fn's result eagerly and inside a hybridized function (reference and llvm)."""
+    outs = [fn(*args)]
+    for backend in ("reference", "llvm"):
+        outs.append(hb.hybridize(fn, backend=backend)(*args))
+    return outs
+
+
+@pytest.mark.parametrize("value", [1 + 2j, [1 + 2j, 3], np.complex64(1 - 1j),
+                                   np.array([1j], dtype=np.complex128)])
+def test_complex_data_is_refused(value):
+    """No hybrid dtype holds an imaginary part: complex data was cast to its real part with
+    at most a warning (``hb.asarray(1+2j)`` gave 1.0). Now a TypeError saying so."""
+    with pytest.raises(TypeError, match="complex"):
+        hb.asarray(value)
+    with pytest.raises(TypeError, match="complex"):
+        hb.array(value, dtype="float32")
+
+
+def test_complex_scalars_are_not_operands():
+    """A NumPy complex scalar counted as a number operand (np.number) and lost its
+    imaginary part in ``x + np.complex128(1+2j)``; it is refused like Python's 1j."""
+    x = hb.ones((2,))
+    for c in (np.complex128(1 + 2j), 1j):
+        with pytest.raises(TypeError, match="complex"):
+            x + c
+    with pytest.raises(TypeError, match="complex"):
+        hb.full((2,), np.complex64(1j))
+
+
+def test_uint64_keeps_its_value_or_is_refused():
+    """uint64 is not a hybrid dtype: NumPy uint64 data was cast to int64, so 2**64 - 1
+    became -1. Values that fit int64 convert exactly; larger ones are refused (OverflowError,
+    NumPy's type for an integer out of range), and so is dtype='uint64'."""
+    with pytest.raises(OverflowError, match="uint64 value 18446744073709551615"):
+        hb.array(np.uint64(2 ** 64 - 1))
+    with pytest.raises(OverflowError, match="does not fit int64"):
+        hb.array(np.array([1, 2 ** 63], dtype=np.uint64))
+    with pytest.raises(ValueError, match="uint64 is not supported"):
+        hb.array([2 ** 64 - 1], dtype="uint64")
+    small = hb.array(np.array([5, 2 ** 63 - 1], dtype=np.uint64))
+    assert small.dtype == np.int64
+    np.testing.assert_array_equal(small.asnumpy(), [5, 2 ** 63 - 1])
+    assert hb.array(np.array([], dtype=np.uint64)).shape == (0,)
+
+
+@pytest.mark.parametrize("value, dtype", [([300], "uint8"), ([-1], "uint8"),
+                                          (2 ** 40, "int32"), ([2 ** 64 - 1], "int64"),
+                                          ([2 ** 63], "int64")])
+def test_python_integers_that_do_not_fit_the_dtype_are_refused(value, dtype):
+    """Python data with a dtype went through int64 first and wrapped around
+    (``hb.array([300], dtype='uint8')`` gave 44); NumPy raises OverflowError, and so do we.
+    (NumPy arrays keep NumPy's astype semantics, as in NumPy.)"""
+    with pytest.raises(OverflowError):
+        hb.array(value, dtype=dtype)
+    np.testing.assert_array_equal(hb.array(np.array([300]), dtype="uint8").asnumpy(),
+                                  np.array([300]).astype("uint8"))
+
+
+def test_integer_scalars_that_do_not_fit_the_array_are_refused():
+    """``uint8_array + 300`` wrapped around in a compiled kernel (and failed late eagerly);
+    NumPy 2 raises. Refused at inference, eagerly (also after the same op with a small
+    scalar was cached) and when tracing; likewise fills and item assignment."""
+    x = hb.array(np.array([1, 2], dtype=np.uint8))
+    np.testing.assert_array_equal((x + 1).asnumpy(), [2, 3])
+    for bad in (300, -1, np.int64(256)):
+        with pytest.raises(ValueError, match="out of bounds for uint8"):
+            x + bad
+    f = hb.hybridize(lambda a: a + 300, backend="reference")
+    with pytest.raises(ValueError, match="out of bounds for uint8"):
+        f(x)
+    with pytest.raises(ValueError, match="out of bounds for int32"):
+        hb.array(np.array([1], np.int32)) * 2 ** 40
+    with pytest.raises(ValueError, match="out of bounds for uint8"):
+        hb.full((2,), 300, dtype="uint8")
+    with pytest.raises(ValueError, match="out of bounds for uint8"):
+        x[0] = 300
+    x[0] = 255
+    np.testing.assert_array_equal(x.asnumpy(), [255, 2])
+
+
+def test_shapes_are_integers():
+    """A float size was truncated (``hb.zeros((2.5,))`` had 2 elements); NumPy refuses it.
+    A negative size fails at the call, not at the first read."""
+    with pytest.raises(TypeError, match="integer"):
+        hb.zeros((2.5,))
+    with pytest.raises(ValueError, match="integers"):
+        hb.ones((4,)).reshape((2.0, 2))
+    with pytest.raises(ValueError, match="negative dimensions"):
+        hb.ones((-1,))
+
+
+def test_concatenate_axis_none_flattens():
+    """NumPy flattens the inputs for axis=None; the registry op took None as axis 0 (eager
+    gave a (4, 2)-typed value of 8 elements, the trace crashed)."""
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    want = np.concatenate([a, a], axis=None)
+    for out in _both(lambda x: hb.concatenate([x, x], axis=None), hb.array(a)):
+        assert out.shape == want.shape
+        np.testing.assert_array_equal(out.asnumpy(), want)
+    mixed = hb.concatenate([hb.array(a), hb.array(np.float32(7))], axis=None)
+    np.testing.assert_array_equal(mixed.asnumpy(), np.append(a, 7))
+    with pytest.raises(ValueError, match="axis must be an int"):
+        hb.apply("concatenate", (hb.array(a),), {"axis": None})
+
+
+@pytest.mark.parametrize("fn, args", [
+    (hb.expand_dims, (-3,)), (hb.expand_dims, (2,)), (hb.stack, None),
+    (hb.swapaxes, (0, 5)), (hb.split, (2, 3)), (hb.repeat, (2, -2))])
+def test_out_of_range_axes_raise_like_numpy(fn, args):
+    """``expand_dims`` of a 1-D array at axis -3 wrapped to axis 1 (and stack, swapaxes,
+    split, repeat wrapped theirs); NumPy raises AxisError naming the axis and the range."""
+    x = hb.arange(4.0)
+    call = (lambda a: hb.stack([a, a], axis=-3)) if args is None else \
+        (lambda a: fn(a, *args))
+    with pytest.raises(ValueError, match=r"axis -?\d is out of range .* \(valid: -\d to \d\)"):
+        call(x)
+    for backend in ("reference", "llvm"):
+        with pytest.raises(ValueError, match="out of range"):
+            hb.hybridize(call, backend=backend)(x)
+
+
+def test_expand_dims_in_range_and_tuple_axes():
+    x = np.arange(6.0).reshape(2, 3)
+    for axis in (0, 1, 2, -1, -3, (0, 3), (-1, 0)):
+        want = np.expand_dims(x, axis)
+        for out in _both(lambda a: hb.expand_dims(a, axis), hb.array(x)):
+            assert out.shape == want.shape
+
+
+def test_clip_with_no_bound_is_a_copy():
+    """NumPy 2.1+ accepts ``np.clip(a)`` and returns a copy of ``a``; hb.clip(x) raised."""
+    x = np.arange(5.0, dtype=np.float32)
+    assert np.array_equal(np.clip(x), x)
+    for out in _both(lambda a: hb.clip(a), hb.array(x)):
+        np.testing.assert_array_equal(out.asnumpy(), x)
+
+
+def test_clip_with_array_bounds_eager_hybridized_and_grad():
+    """Array bounds broadcast as in NumPy (they gave a shape/data mismatch eagerly and a
+    TypeError hybridized); hb.clip composes maximum and minimum, so the gradient is theirs:
+    1 where x is inside its bounds, else to the bound it met."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+    lo = np.full((3, 1), -0.5, np.float32)
+    hi = rng.uniform(0.1, 1.0, (4,)).astype(np.float32)
+    want = np.clip(x, lo, hi)
+    for out in _both(lambda a, b, c: hb.clip(a, b, c), hb.array(x), hb.array(lo),
+                     hb.array(hi)):
+        np.testing.assert_array_equal(out.asnumpy(), want)
+    np.testing.assert_array_equal(hb.clip(hb.array(x), None, hb.array(hi)).asnumpy(),
+                                  np.clip(x, None, hi))
+    np.testing.assert_array_equal(hb.array(x).clip(lo, 0.3).asnumpy(), np.clip(x, lo, 0.3))
+    xa, la, ha = hb.array(x), hb.array(lo), hb.array(hi)
+    for arr in (xa, la, ha):
+        arr.attach_grad()
+    with autograd.record():
+        y = hb.clip(xa, la, ha).sum()
+    y.backward()
+    inside = (x >= lo) & (x <= hi)
+    np.testing.assert_array_equal(xa.grad.asnumpy(), inside.astype(np.float32))
+    np.testing.assert_array_equal(la.grad.asnumpy(), (x < lo).sum(1, keepdims=True)
+                                  .astype(np.float32))
+
+
+def test_clip_promotes_like_numpy():
+    """An integer array clipped at 1.5 was clipped in integers (1); NumPy promotes to float
+    (here float32, the framework default). Integer bounds beyond the dtype clip nothing, as
+    in NumPy; the registry op itself refuses a bound that would promote."""
+    x = np.arange(5, dtype=np.int32)
+    for out in _both(lambda a: hb.clip(a, 1.5, 3.5), hb.array(x)):
+        assert out.dtype == np.float32
+        np.testing.assert_array_equal(out.asnumpy(), np.clip(x, 1.5, 3.5))
+    u = np.array([1, 200], np.uint8)
+    out = hb.clip(hb.array(u), -5, 300)
+    assert out.dtype == np.uint8
+    np.testing.assert_array_equal(out.asnumpy(), u)
+    with pytest.raises(ValueError, match="would promote int32"):
+        hb.apply("clip", (hb.array(x),), {"a_min": 1.5})
+
+
+def test_random_arguments_numpy_refuses():
+    """``hb.random.normal(0, -1)`` drew numbers; NumPy raises ValueError('scale < 0'), also
+    for -0.0. uniform: an infinite or NaN range raises OverflowError (np.random.uniform);
+    high < low, which NumPy's legacy uniform accepts but Generator.uniform refuses, is
+    refused too: the op gave a constant 1e-45 for it, a silent wrong answer. A refused call
+    takes no key from the stream."""
+    hb.random.seed(7)
+    want = hb.random.normal(0, 1, size=(3,)).asnumpy()
+    hb.random.seed(7)
+    for scale in (-1, -0.0):
+        with pytest.raises(ValueError, match="scale < 0"):
+            hb.random.normal(0, scale, size=(3,))
+    for low, high in ((0, float("inf")), (0, float("nan")), (-float("inf"), 0)):
+        with pytest.raises(OverflowError, match="finite"):
+            hb.random.uniform(low, high, size=(3,))
+    with pytest.raises(ValueError, match="high .* < low"):
+        hb.random.uniform(1, 0, size=(3,))
+    np.testing.assert_array_equal(hb.random.normal(0, 1, size=(3,)).asnumpy(), want)
+    assert np.isnan(hb.random.normal(0, float("nan"), size=(2,)).asnumpy()).all()  # as NumPy
+    np.testing.assert_array_equal(hb.random.uniform(2, 2, size=(2,)).asnumpy(), [2, 2])
+
+
+@pytest.mark.parametrize("mode", ["eager", "reference", "llvm"])
+@pytest.mark.parametrize("layer, shape", [(lambda: nn.Dense(3), (2, 4)),
+                                          (lambda: nn.Conv2D(2, 3), (1, 1, 5, 5)),
+                                          (lambda: nn.BatchNorm(), (2, 3)),
+                                          (lambda: nn.LayerNorm(), (2, 3))])
+def test_integer_input_to_a_float_layer_is_refused(mode, layer, shape):
+    """An int64 input to Dense met float32 weights and NumPy's promotion ran the whole net in
+    float64 (int64 with float32 gives float64). PyTorch raises on int @ float; MXNet's
+    FullyConnected needs one dtype. Choice: a TypeError naming the layer and the fix
+    ``x.astype('float32')``, not a silent cast to the weights' dtype: that cast would round
+    integers above 2**24 in float32 behind the user's back. Eager and hybridized alike."""
+    net = nn.HybridSequential()
+    net.add(layer(), nn.Dense(2))
+    net.initialize()
+    xf = hb.array(np.arange(np.prod(shape)).reshape(shape), dtype="float32")
+    assert net(xf).dtype == np.float32
+    _hybridize(net, mode)
+    xi = hb.array(np.arange(np.prod(shape)).reshape(shape))
+    assert xi.dtype == np.int64
+    with pytest.raises(TypeError, match=r"input has dtype int64.*x.astype\('float32'\)"):
+        net(xi)
+    assert net(xi.astype("float32")).dtype == np.float32
+
+
+@pytest.mark.parametrize("dt", ["uint8", "int8", "int32"])
+def test_narrow_integer_indices_address_wide_axes(dt):
+    """one_hot and pick's gradient compared indices with positions made in the index's own
+    dtype: with uint8/int8 indices and an axis over 256 (128) long, position 259 wrapped to
+    3, so one_hot(3, 300) had two hot entries and pick's gradient went to two places. The
+    positions are int64 now, eagerly and hybridized."""
+    idx = hb.array(np.array([3, 100], dtype=dt))
+    want = np.zeros((2, 300), np.float32)
+    want[0, 3] = want[1, 100] = 1
+    for out in _both(lambda i: hb.one_hot(i, 300), idx):
+        np.testing.assert_array_equal(out.asnumpy(), want)
+    x = hb.array(np.random.default_rng(4).standard_normal((2, 300)))
+    x.attach_grad()
+    with autograd.record():
+        y = hb.pick(x, idx, axis=1).sum()
+    y.backward()
+    np.testing.assert_array_equal(x.grad.asnumpy(), want)

@@ -7,8 +7,9 @@ their gradients and code generation come from the primitives (tinygrad's discipl
 from __future__ import annotations
 
 import math
+import numbers
 
-from .core import normalize_axis, spec_of
+from .core import INT_DTYPES, normalize_axis, spec_of
 
 
 def _shape(v):
@@ -81,19 +82,24 @@ def softmax(F, x, axis=-1, temperature=None):
 
 
 def one_hot(F, indices, depth, on_value=1.0, off_value=0.0, dtype="float32"):
+    idt = spec_of(indices).dtype
+    if idt in INT_DTYPES and idt != "int64":  # positions in int8/uint8 would wrap (259 is 3)
+        indices, idt = F.cast(indices, dtype="int64"), "int64"
     idx = F.reshape(indices, shape=_shape(indices) + (1,))
-    hot = F.eq(idx, F.arange(start=0, stop=depth, step=1, dtype=spec_of(indices).dtype))
+    hot = F.eq(idx, F.arange(start=0, stop=depth, step=1, dtype=idt))
     if on_value == 1.0 and off_value == 0.0:
         return F.cast(hot, dtype=dtype)
     return F.cast(F.where(hot, float(on_value), float(off_value)), dtype=dtype)
 
 
 def expand_dims(F, x, axis):
-    shape = list(_shape(x))
-    nd = len(shape) + 1
-    axis = axis % nd if axis < 0 else axis
-    shape.insert(axis, 1)
-    return F.reshape(x, shape=tuple(shape))
+    """NumPy's expand_dims: a new size-1 axis at each of ``axis`` (an int or a tuple), which
+    must be in range for the result (an out-of-range axis is an error, never clamped)."""
+    axes = (axis,) if isinstance(axis, numbers.Integral) else tuple(axis)
+    nd = len(_shape(x)) + len(axes)
+    axes = normalize_axis(axes, nd, "expand_dims")
+    dims = iter(_shape(x))
+    return F.reshape(x, shape=tuple(1 if i in axes else next(dims) for i in range(nd)))
 
 
 def squeeze(F, x, axis=None):
@@ -118,20 +124,20 @@ def flatten(F, x):
 def swapaxes(F, x, a, b):
     nd = len(_shape(x))
     axes = list(range(nd))
-    a, b = a % nd, b % nd
+    a, b = (normalize_axis(v, nd, "swapaxes")[0] for v in (a, b))
     axes[a], axes[b] = axes[b], axes[a]
     return F.transpose(x, axes=tuple(axes))
 
 
 def stack(F, xs, axis=0):
     nd = len(_shape(xs[0])) + 1
-    axis = axis % nd
+    axis = normalize_axis(axis, nd, "stack")[0]
     return F.concatenate(*[expand_dims(F, x, axis) for x in xs], axis=axis)
 
 
 def split(F, x, indices_or_sections, axis=0):
     shape = _shape(x)
-    axis = axis % len(shape)
+    axis = normalize_axis(axis, len(shape), "split")[0]
     n = shape[axis]
     if isinstance(indices_or_sections, int):
         if n % indices_or_sections:
@@ -167,7 +173,7 @@ def repeat(F, x, repeats, axis=None):
         x = F.reshape(x, shape=(int(math.prod(_shape(x))),))
         axis = 0
     shape = _shape(x)
-    axis = axis % len(shape)
+    axis = normalize_axis(axis, len(shape), "repeat")[0]
     inner = shape[:axis + 1] + (1,) + shape[axis + 1:]
     x = F.reshape(x, shape=inner)
     x = F.broadcast_to(x, shape=shape[:axis + 1] + (repeats,) + shape[axis + 1:])

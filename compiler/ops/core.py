@@ -80,7 +80,9 @@ def dtype_name(dtype) -> str:
     return name
 
 
-_SCALAR_TYPES = (bool, int, float, np.number, np.bool_)
+# Real numbers only: a complex scalar (Python's or NumPy's) is no operand, since no dtype here
+# holds its imaginary part (it would be dropped silently).
+_SCALAR_TYPES = (bool, int, float, np.integer, np.floating, np.bool_)
 # Exact scalar type -> its weak dtype; filled lazily for NumPy scalar types.
 _SCALAR_KIND: dict = {bool: "bool", int: "int64", float: DEFAULT_FLOAT}
 
@@ -157,7 +159,23 @@ def result_dtype(*args) -> str:
             dt = DEFAULT_FLOAT
         elif kind == "int64" and dt == "bool":
             dt = "int64"
+    if dt in INT_DTYPES:
+        for a in args:
+            check_int_fits(a, dt)
     return dt
+
+
+INT_RANGE = {n: (int(np.iinfo(n).min), int(np.iinfo(n).max)) for n in INT_DTYPES}
+
+
+def check_int_fits(v, dtype: str, what: str = "Python integer"):
+    """An integer scalar meeting an integer dtype must fit it (NumPy 2 raises OverflowError
+    for ``uint8_array + 300``); it would wrap around silently in a kernel."""
+    if isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)):
+        lo, hi = INT_RANGE[dtype]
+        if not lo <= v <= hi:
+            raise OpError(f"{what} {int(v)} is out of bounds for {dtype} ([{lo}, {hi}]); "
+                          "cast the array to a wider dtype first")
 
 
 def broadcast_shapes(*shapes, op: str = "op") -> tuple:
@@ -190,7 +208,8 @@ def normalize_axis(axis, ndim: int, op: str = "op") -> tuple:
     for a in axes:
         a = int(a)
         if not -ndim <= a < max(ndim, 1) and not (ndim == 0 and a in (0, -1)):
-            raise OpError(f"{op}: axis {a} is out of range for an array of {ndim} dimension(s)")
+            raise OpError(f"{op}: axis {a} is out of range for an array of {ndim} dimension(s)"
+                          f" (valid: {-max(ndim, 1)} to {max(ndim, 1) - 1})")
         out.append(a % ndim if ndim else 0)
     if len(set(out)) != len(out):
         raise OpError(f"{op}: repeated axis in {axis}")

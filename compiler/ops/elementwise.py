@@ -266,10 +266,20 @@ register("where", "elementwise", infer=_where_infer, impl=_where_impl,
 
 
 def _clip_infer(x, a_min=None, a_max=None):
-    check_dtype("clip", "x", _dt(x), "numeric")
+    dt = _dt(x)
+    check_dtype("clip", "x", dt, "numeric")
     if a_min is None and a_max is None:
         raise OpError("clip: give a_min, a_max or both")
-    return Spec(_shape(x), _dt(x))
+    for name, b in (("a_min", a_min), ("a_max", a_max)):
+        if b is None:
+            continue
+        if not is_scalar(b):
+            raise OpError(f"clip: {name} must be a number, got {type(b).__name__} (hb.clip "
+                          "composes maximum and minimum for array bounds)")
+        if result_dtype(_SpecArray(Spec((), dt)), b) != dt:
+            raise OpError(f"clip: {name}={b!r} would promote {dt}; the op keeps x's dtype "
+                          "(hb.clip promotes, composing maximum and minimum)")
+    return Spec(_shape(x), dt)
 
 
 def _clip_impl(xp, x, a_min=None, a_max=None):

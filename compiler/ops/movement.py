@@ -3,21 +3,31 @@ gather (take, pick) and their scatter twins, and the sources full and arange."""
 from __future__ import annotations
 
 import math
+import operator
 
 import numpy as np
 
 from .composite import sum_to
-from .core import (OpError, Spec, check_dtype, dtype_name, is_scalar, normalize_axis, register,
-                   spec_of)
+from .core import (INT_RANGE, OpError, Spec, check_dtype, check_int_fits, dtype_name,
+                   is_scalar, normalize_axis, register, spec_of)
 
 
 def _prod(shape):
     return int(math.prod(shape))
 
 
+def _size(n) -> int:
+    """One dimension: an integer, never a float truncated (NumPy refuses ``(2.5, 2)``)."""
+    try:
+        return operator.index(n)
+    except TypeError:
+        raise OpError(f"dimensions must be integers, got {n!r} of type "
+                      f"{type(n).__name__}") from None
+
+
 def resolve_shape(shape, size: int, op: str = "reshape") -> tuple:
     """Replace one -1 in ``shape`` so that it holds ``size`` elements."""
-    shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(int(s) for s in shape)
+    shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(map(_size, shape))
     if shape.count(-1) > 1:
         raise OpError(f"{op}: only one dimension may be -1, got {shape}")
     if -1 in shape:
@@ -132,6 +142,8 @@ register("slice_scatter", "movement", infer=_slice_scatter_infer, impl=_slice_sc
 
 
 def _slice_update_infer(x, v, begin, end, step):
+    if x.dtype in INT_RANGE:  # x[i] = 300 on uint8: NumPy's OverflowError, not a wrap-around
+        check_int_fits(v, x.dtype)
     region = _slice_shape(x.shape, begin, end, step)
     vshape = () if is_scalar(v) else v.shape
     try:
@@ -169,6 +181,9 @@ def _concat_infer(*xs, axis=0):
     nd = first.ndim
     if nd == 0:
         raise OpError("concatenate: zero-dimensional arrays cannot be concatenated")
+    if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
+        raise OpError(f"concatenate: axis must be an int, got {axis!r} (hb.concatenate "
+                      "flattens the arrays first for axis=None)")
     axis = normalize_axis(axis, nd, "concatenate")[0]
     for k, x in enumerate(xs[1:], 1):
         if x.ndim != nd or any(a != b for d, (a, b) in enumerate(zip(x.shape, first.shape))
@@ -289,8 +304,11 @@ def _pick_grad(F, i, out, g, axis=-1, keepdims=False):
     axis = axis % nd
     kshape = tuple(x.shape[:axis]) + (1,) + tuple(x.shape[axis + 1:])
     depth = x.shape[axis]
-    positions = F.reshape(F.arange(start=0, stop=depth, step=1, dtype=spec_of(index).dtype),
+    # positions in int64: in the index's own dtype they would wrap (uint8: 259 is 3)
+    positions = F.reshape(F.arange(start=0, stop=depth, step=1, dtype="int64"),
                           shape=tuple(depth if d == axis else 1 for d in range(nd)))
+    if spec_of(index).dtype != "int64":
+        index = F.cast(index, dtype="int64")
     index = F.clip(index, a_min=0, a_max=depth - 1)  # as the forward pass: out of range clips
     hot = F.eq(F.reshape(index, shape=kshape), positions)
     return (F.where(hot, F.reshape(g, shape=kshape), 0.0), None)
@@ -303,7 +321,15 @@ register("pick", "index", infer=_pick_infer, impl=_pick_impl, grad=_pick_grad,
 
 # ------------------------------------------------------------------------ sources
 def _full_infer(shape, value, dtype="float32"):
-    return Spec(tuple(int(s) for s in shape), dtype_name(dtype))
+    shape = tuple(map(_size, shape))
+    if any(n < 0 for n in shape):
+        raise OpError(f"full: negative dimensions are not allowed, got shape {shape}")
+    dt = dtype_name(dtype)
+    if isinstance(value, (complex, np.complexfloating)):
+        raise OpError(f"full: value {value!r} is complex; no dtype here holds an imaginary part")
+    if dt in INT_RANGE:
+        check_int_fits(value, dt, "full: value")
+    return Spec(shape, dt)
 
 
 register("full", "source", infer=lambda shape, value, dtype="float32": _full_infer(

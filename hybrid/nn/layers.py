@@ -29,6 +29,19 @@ def _dev(x):
     return getattr(x, "device", None)
 
 
+def _float_input(layer, x, param):
+    """A layer computes in its parameters' float dtype. An integer or bool input is refused
+    (PyTorch refuses int @ float): NumPy's promotion would run the layer, and every layer
+    after it, in float64 (int64 with float32 weights), and a silent cast to the parameter
+    dtype would round integers above 2**24 (float32). The caller casts, knowingly."""
+    dt = getattr(x, "_dtype", None)
+    if dt is not None and not dt.startswith("float"):
+        want = param.dtype.name
+        raise TypeError(f"{type(layer).__name__} '{layer.name}': the input has dtype {dt}, "
+                        f"but the layer computes in {want} (its {param.name}'s dtype); "
+                        f"cast the input first: x.astype('{want}')")
+
+
 def _pair(v, name, who):
     if isinstance(v, int):
         return (v, v)
@@ -99,6 +112,7 @@ class Dense(HybridBlock):
         self.act = _opt_act(activation)
 
     def forward(self, x):
+        _float_input(self, x, self.weight)
         if self._flatten:
             in_units = int(math.prod(x.shape[1:])) if len(x.shape) > 1 else 1
         else:
@@ -144,6 +158,7 @@ class Conv2D(HybridBlock):
         self.act = _opt_act(activation)
 
     def forward(self, x):
+        _float_input(self, x, self.weight)
         if len(x.shape) != 4:
             raise ValueError(f"Conv2D expects NCHW input (4 dimensions), got shape "
                              f"{tuple(x.shape)}")
@@ -264,6 +279,7 @@ class BatchNorm(HybridBlock):
                                      grad_req="null", differentiable=False)
 
     def forward(self, x):
+        _float_input(self, x, self.gamma)
         c = (x.shape[self._axis],)
         for p in (self.gamma, self.beta, self.running_mean, self.running_var):
             p._finish_deferred_init(c)
@@ -297,6 +313,7 @@ class LayerNorm(HybridBlock):
                               differentiable=center)
 
     def forward(self, x):
+        _float_input(self, x, self.gamma)
         c = (x.shape[self._axis],)
         self.gamma._finish_deferred_init(c)
         self.beta._finish_deferred_init(c)
