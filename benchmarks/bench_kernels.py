@@ -24,7 +24,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from compiler.codegen import Const, Load, Output, ProgramBuilder, call  # noqa: E402
-from compiler.codegen.llvm import aligned_empty, compile_program  # noqa: E402
+from compiler.codegen.llvm.emit import aligned_empty, compile_program  # noqa: E402
 from compiler.ops import eager_apply  # noqa: E402
 from runtime import config  # noqa: E402
 

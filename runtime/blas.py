@@ -6,7 +6,7 @@ its entry points with LLVM under hybrid's own names (``hybrid_cblas_sgemm`` -> t
 ``scipy_cblas_sgemm``), so JIT-compiled code calls BLAS directly, with no Python in between.
 
 Threads: OpenBLAS runs single-threaded. Generated code splits big kernels across its own
-threads (the workers of compiler/codegen/llvm_extern.py) and calls BLAS from each. A
+threads (the workers of compiler/codegen/extern_plan.py) and calls BLAS from each. A
 multithreaded OpenBLAS would oversubscribe the cores under them, and its pool waits with
 ``sched_yield`` spins: on a 2-core machine with the other core busy, a 0.1 ms GEMM of LeNet's
 dense layers took 4-16 ms (scheduler ticks).

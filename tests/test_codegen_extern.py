@@ -123,9 +123,9 @@ def test_conv_float64():
 def split(monkeypatch):
     """Every extern splits into 3 workers however small it is: uneven shares, a worker per
     image or plane, per-worker scratch and partial sums."""
-    from compiler.codegen import llvm_extern
-    monkeypatch.setattr(llvm_extern, "PARALLEL_MIN_WORK", 0)
-    monkeypatch.setattr(llvm_extern, "max_workers", lambda: 3)
+    from compiler.codegen import extern_plan
+    monkeypatch.setattr(extern_plan, "PARALLEL_MIN_WORK", 0)
+    monkeypatch.setattr(extern_plan, "max_workers", lambda: 3)
 
 
 SPLIT_CONVS = CONVS + [

@@ -1,4 +1,4 @@
-"""Batch-1 Dense layers run as generated vector loops (compiler/codegen/llvm_gemv.py):
+"""Batch-1 Dense layers run as generated vector loops (compiler/codegen/llvm/gemv.py):
 every row-block and tail shape, both float dtypes, against NumPy, forward and backward."""
 import numpy as np
 import pytest
@@ -53,7 +53,7 @@ def _packed_dense(k, n, dtype):
 
 
 def _states(net):
-    from compiler.codegen.llvm_exec import NativeRun  # noqa: PLC0415
+    from compiler.codegen.llvm.exec import NativeRun  # noqa: PLC0415
     entry = next(iter(net._cached.entries.values()))
     run = entry.exe.run
     assert isinstance(run, NativeRun)
@@ -65,7 +65,7 @@ def _states(net):
 def test_packed_weights_give_the_same_bits_as_reading_in_place(k, n, dtype):
     """From a binding's second call the weights come from the packed copy: the same FMA
     chains in the same order, so every bit of the result is the same."""
-    from compiler.codegen.llvm_gemv import PACK_READY, PACK_SEEN  # noqa: PLC0415
+    from compiler.codegen.llvm.gemv import PACK_READY, PACK_SEEN  # noqa: PLC0415
     net = _packed_dense(k, n, dtype)
     x = hb.random.normal(size=(1, k)).astype(dtype)
     in_place = net(x).asnumpy()  # the binding's first call: weights read in place
@@ -89,7 +89,7 @@ def test_new_weights_are_packed_again():
         net(x).wait_to_read()
     w = net.weight.data()
 
-    from compiler.codegen.llvm_gemv import PACK_READY  # noqa: PLC0415
+    from compiler.codegen.llvm.gemv import PACK_READY  # noqa: PLC0415
     assert _states(net) == [PACK_READY]  # the old weights' copy is in use
 
     def check():
@@ -128,7 +128,7 @@ def test_arenas_without_a_binding_owner_never_use_a_packed_copy():
         params = [by_shape[tuple(entry.graph.spec(p).shape)] for p in entry.graph.params]
         (out,) = run_program(compiled, [xa], params)
         np.testing.assert_allclose(out, xa @ w.T + b, rtol=2e-5, atol=2e-5)
-    from compiler.codegen.llvm_extern import pack_states  # noqa: PLC0415
+    from compiler.codegen.llvm.gemv import pack_states  # noqa: PLC0415
     offsets = pack_states(compiled.program)
     assert offsets and not any(compiled.arena[o:o + 8].any() for o in offsets)
     want = [None, None]
@@ -148,8 +148,9 @@ def test_arenas_without_a_binding_owner_never_use_a_packed_copy():
                                    (300, 128, 7), (5, 300, 9), (9, 16, 3)])
 def test_thin_dense_matches_numpy_forward_and_backward(m, k, n, dtype, tol):
     """x @ W.T with fewer outputs than vector lanes runs as one GEMV per row of x
-    (llvm_gemv.thin_applies)."""
-    from compiler.codegen.llvm_gemv import thin_applies, vector_lanes  # noqa: PLC0415
+    (llvm/gemv.py: thin_applies)."""
+    from compiler.codegen.extern_plan import vector_lanes  # noqa: PLC0415
+    from compiler.codegen.llvm.gemv import thin_applies  # noqa: PLC0415
     # (where n fills a vector of this dtype on this host, the register-tiled GEMM or BLAS
     # runs it: the same check, another path)
     assert thin_applies(dtype, m, n, k, False, True) == (n < vector_lanes(dtype))

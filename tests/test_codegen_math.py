@@ -1,4 +1,4 @@
-"""Accuracy of the vectorized float32 math (llvm_scalar.F32Math) in ulp vs float64 references.
+"""Accuracy of the vectorized float32 math (llvm/scalar.py: F32Math) in ulp vs float64 references.
 
 float32 exp/log/tanh/erf/sin/cos are polynomial approximations (LLVM's intrinsics would
 become scalar libm calls); here they are measured over wide samples of each function's

@@ -1,4 +1,4 @@
-"""The process-wide thread pool of parallel loops (compiler/codegen/llvm_pool.py): every chunk
+"""The process-wide thread pool of parallel loops (compiler/codegen/llvm/threadpool.py): every chunk
 runs once whatever the thread count, pool threads asleep or awake, callers concurrent (the
 busy pool's fallback: threads of their own), and in a forked child (a pool of its own)."""
 import os
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from compiler.codegen import Load, Output, ProgramBuilder, call
-from compiler.codegen.llvm import PARALLEL_MIN_ELEMENTS, compile_program, run_program
+from compiler.codegen.llvm.emit import PARALLEL_MIN_ELEMENTS, compile_program, run_program
 
 ROWS = 37  # outer extent: uneven chunks for any thread count
 

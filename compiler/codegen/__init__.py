@@ -5,8 +5,12 @@
 - scalar.py: the scalar builder protocol registry expressions are written against, and the
   NumPy builder;
 - interp.py: the NumPy reference interpreter (the oracle);
-- llvm.py (+ llvm_scalar.py, llvm_extern.py): LLVM CPU code through llvmlite, loaded by
-  runtime.native.
+- lower.py: a fused graph -> a Program;
+- extern_plan.py: each extern kernel's geometry, worker split and scratch (the scratch slots
+  the Program carries), which every target carries out;
+- testing.py: differential-testing helpers (many registry-op cases in one Program);
+- one package per target: llvm/ (LLVM CPU code through llvmlite, loaded by runtime.native)
+  and cuda/ (CUDA C; to come).
 
 Lowering a fused group: see kernel.py's docstring, or ``compile_program`` below::
 
@@ -43,7 +47,7 @@ def __getattr__(name):  # the LLVM backend loads llvmlite only when asked for
 def backend_compile(graph, backend, device, in_specs, param_specs):
     """Lower an optimized graph and build its executable for ``backend``."""
     if backend == "llvm":
-        from .llvm_exec import llvm_compile  # noqa: PLC0415
+        from .llvm.exec import llvm_compile  # noqa: PLC0415
         return llvm_compile(graph, device, in_specs, param_specs)
     raise ValueError(f"backend {backend!r} has no code generator in this build "
                      "(the CUDA backend needs a GPU session); use backend='llvm' or 'reference'")

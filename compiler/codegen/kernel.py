@@ -369,9 +369,9 @@ def extern_out_specs(op: str, attrs: dict, in_specs) -> tuple:
 
 
 def extern_scratch_bytes(op: str, attrs: dict, in_specs, out_specs) -> int:
-    """Bytes of scratch arena an extern needs on the LLVM backend (0: none)."""
-    from . import llvm_extern  # noqa: PLC0415 - the backend knows its own needs
-    return llvm_extern.scratch_bytes(op, attrs, list(in_specs), list(out_specs))
+    """Bytes of scratch arena an extern needs (0: none), from its plan (extern_plan.py)."""
+    from .extern_plan import scratch_bytes  # noqa: PLC0415 - extern_plan reads this module
+    return scratch_bytes(op, attrs, list(in_specs), list(out_specs))
 
 
 # ---------------------------------------------------------------------- validation

@@ -26,7 +26,7 @@ import threading
 
 from llvmlite import ir
 
-from .llvm_scalar import I8, I32, I64, PTR, Intrinsics
+from .scalar import I8, I32, I64, PTR, Intrinsics
 
 POOL_VERSION = 1
 SYMBOL = "hybrid_pool_run"

@@ -27,48 +27,12 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from .llvm import for_range
-from .llvm_gemv import vector_lanes
-from .llvm_scalar import F32, I1, I32
+from ..extern_plan import panel_cols, panels, tile_rows, vector_lanes
+from .emit import for_range
+from .scalar import F32, I1, I32
 
-# Bounds for the loops to stay cache-resident without the packing a general sgemm does:
-# a B panel (k x NR floats) stays in L2, and A (m x k) streams from L2 once per panel.
-SGEMM_MAX_K = 1024
-SGEMM_MAX_A_BYTES = 1 << 20
-SGEMM_MIN_WORK = 1 << 12  # multiply-adds: below it a call's set-up is not worth a kernel
-
-
-def tile_rows() -> int:
-    """MR: rows of a C tile. MR x 2 accumulators + 2 B vectors + a broadcast fit the register
-    file: 16 of 32 zmm registers with AVX-512, 12 of 16 ymm with AVX2."""
-    return 8 if vector_lanes("float32") == 16 else 6
-
-
-def panel_cols() -> int:
-    """NR: columns of C per panel, two vector registers."""
-    return 2 * vector_lanes("float32")
-
-
-def sgemm_applies(dt, m, n, k) -> bool:
-    """Sizes these loops take: float32, known sizes, a panel of B in L2 and A streamed from
-    L2; everything else calls BLAS."""
-    return dt == "float32" and all(isinstance(v, int) for v in (m, n, k)) and \
-        n >= vector_lanes(dt) and 1 <= k <= SGEMM_MAX_K and m >= 1 and \
-        m * k * 4 <= SGEMM_MAX_A_BYTES and m * n * k >= SGEMM_MIN_WORK
-
-
-def panels(n: int) -> int:
-    return -(-n // panel_cols())
-
-
-def pack_bytes(k: int) -> int:
-    """Scratch one worker needs for a packed panel of B (copied, or transposed when tb)."""
-    return k * panel_cols() * 4
-
-
-def strip_bytes(m: int, k: int) -> int:
-    """Scratch one worker needs for A's strips (ta)."""
-    return -(-m // tile_rows()) * tile_rows() * k * 4
+# Which products these loops take, their tile sizes (MR = tile_rows(), NR = panel_cols()) and
+# the scratch of a worker (pack_bytes, strip_bytes) are the matmul plan's: extern_plan.py.
 
 
 def _transpose(b, rows, lanes):

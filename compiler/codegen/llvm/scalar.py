@@ -1,4 +1,4 @@
-"""The LLVM scalar builder: the protocol of scalar.py emitted as LLVM IR (llvmlite.ir).
+"""The LLVM scalar builder: the protocol of ../scalar.py emitted as LLVM IR (llvmlite.ir).
 
 Code is emitted per element, straight-line (selects, no branches) so LLVM's loop vectorizer
 turns loops over it into SIMD code. LLVM's own ``llvm.exp.f32`` and friends do not vectorize
@@ -13,8 +13,8 @@ import struct
 
 from llvmlite import ir
 
-from .kernel import KernelIRError
-from .scalar import FLOATS, SIGNED, UNSIGNED, ScalarBuilder
+from ..kernel import KernelIRError
+from ..scalar import FLOATS, SIGNED, UNSIGNED, ScalarBuilder
 
 F16, F32, F64 = ir.HalfType(), ir.FloatType(), ir.DoubleType()
 I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)

@@ -15,15 +15,14 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from runtime import native
+from ..extern_plan import GEMV_LOOP_MAX, GEMV_ROWS as ROWS, gemv_pack_size, vector_lanes
+from ..kernel import ExternKernel
+from .emit import for_range
+from .scalar import F32, F64, I32, I64, PTR
 
-from .llvm import for_range
-from .llvm_scalar import F32, F64, I32, I64, PTR
-
-# Up to this many weights the loop stays in cache and single-threaded; bigger products call
-# BLAS, which splits them across the device's threads.
-GEMV_LOOP_MAX = 1 << 20
-ROWS = 8  # rows per block: independent FMA chains (latency 4 x 2 ports)
+# Up to GEMV_LOOP_MAX weights the loop stays in cache and single-threaded (extern_plan.py,
+# with ROWS, the rows of a block); bigger products call BLAS, which splits them across the
+# device's threads.
 # From this many weights (256 KiB of float32, ~4 us from L2) the rows split into chunks that
 # the caller and the thread pool claim: each core streams its share from its own L2. A
 # chunk nobody else claims in time is run by the caller, so a sleeping pool costs one wake-up
@@ -36,29 +35,16 @@ PREFETCH_AHEAD = 256  # bytes of each row read ahead into L1 (software prefetch:
 # order the loop reads them: each block of ROWS rows as one contiguous stream, vector after
 # vector ((block, k / lanes, row, lane) order), instead of ROWS interleaved row streams. The
 # L2 streams it ~1.6x faster (the 512 x 256 layer, one thread: 6.4 -> 4.1 us). The copy lives
-# in the step's scratch, after a header whose first word is the pack state; the arena's owner
-# sets the state to PACK_NEW whenever it binds new parameter arrays, and every other arena is
-# zeroed (PACK_OFF: the rows are read in place, always). A binding packs on its second call,
-# so a binding used once (a training step's forward) never pays for a copy.
-PACK_HEADER = 64  # bytes: the state word on its own cache line; the copy starts aligned
+# in the step's scratch (extern_plan.gemv_pack_bytes), after a header (PACK_HEADER) whose
+# first word is the pack state; the arena's owner sets the state to PACK_NEW whenever it
+# binds new parameter arrays, and every other arena is zeroed (PACK_OFF: the rows are read
+# in place, always). A binding packs on its second call, so a binding used once (a training
+# step's forward) never pays for a copy.
 PACK_OFF, PACK_NEW, PACK_SEEN, PACK_READY = 0, 1, 2, 3
 
 
 def _isize(dt):
     return 4 if dt == "float32" else 8
-
-
-def vector_lanes(dt) -> int:
-    """Lanes of one vector register on this host: 512 bits with AVX-512, else 256 (the
-    host's features are part of the machine-code cache key)."""
-    wide = "+avx512f" in native.target_info()["features"].split(",")
-    return (64 if wide else 32) // _isize(dt)
-
-
-def gemv_applies(m, n, k, ta, tb) -> bool:
-    """A batch-1 product x @ W.T with constant sizes small enough to run as these loops."""
-    return m == 1 and tb and not ta and isinstance(n, int) and isinstance(k, int) and \
-        n * k <= GEMV_LOOP_MAX
 
 
 def thin_applies(dt, m, n, k, ta, tb) -> bool:
@@ -77,15 +63,17 @@ def gemv_workers(n, k) -> int:
     return max(1, min(GEMV_CHUNKS, n // ROWS))
 
 
-def gemv_pack_bytes(dt, m, n, k, ta, tb, b_param) -> int:
-    """Scratch bytes of a product's packed weights and their header (0: read in place).
-    Only a parameter's weights (``b_param``), only the full row blocks and the vectors of k
-    (tails are read in place)."""
-    if not (b_param and dt in ("float32", "float64") and gemv_applies(m, n, k, ta, tb)):
-        return 0
-    kv = k - k % vector_lanes(dt)
-    blocks = n // ROWS
-    return PACK_HEADER + blocks * ROWS * kv * _isize(dt) if kv and blocks else 0
+def pack_states(program) -> tuple:
+    """Arena byte offsets of the pack state words of ``program``'s packed weights: the
+    arena's owner sets each to PACK_NEW when it binds new parameter arrays."""
+    out = []
+    for step in program.steps:
+        if isinstance(step, ExternKernel) and step.op == "matmul" and step.scratch is not None:
+            specs = [program.slots[i] for i in step.in_slots]
+            if gemv_pack_size([sl.shape for sl in specs], [sl.dtype for sl in specs],
+                              program.slots[step.out_slots[0]].dtype, step.attr_dict):
+                out.append(program.slots[step.scratch].offset)
+    return tuple(out)
 
 
 def gemv_pack(eb, dt, n, k, w, ldw, packed):

@@ -22,14 +22,14 @@ Loop kernels (:class:`LoopEmitter`):
   identity);
 - kernels of at least PARALLEL_MIN_ELEMENTS points split their outermost loop across threads
   (``CompiledProgram.threads``, default: the CPU device's core share from runtime.engine):
-  chunks claimed by the caller and the process-wide pool's threads (llvm_pool.py), or
+  chunks claimed by the caller and the process-wide pool's threads (threadpool.py), or
   threads started for the loop when another caller holds the pool; reductions over that loop
   stay serial;
 - float32 sin/cos kernels are versioned: a fast nest (NumPy's algorithm) runs first and the
   general one (huge arguments) only if some argument needed it.
 
-Extern kernels are emitted by llvm_extern.py (BLAS calls and loop nests; big ones split into
-workers that the same parallel driver runs).
+Extern kernels are emitted by extern.py (BLAS calls and loop nests, one file per family; big
+ones split into workers that the same parallel driver runs).
 
 Calling convention: ``CompiledProgram(io, arena)``; ``Runner`` binds params once and only
 touches the input and output pointers per call; ``run_program`` is the one-shot helper.
@@ -47,11 +47,11 @@ from llvmlite import ir
 
 from runtime import native
 
-from .kernel import (ALIGN, SOURCE_OPS, Call, Const, ExternKernel, Index, Load, LoopKernel,
-                     Program, expr_nodes, scalar_arity)
-from .llvm_scalar import (I1, I32, I64, PTR, Intrinsics, LLVMScalarBuilder, mem_type,
-                          reg_type)
-from .scalar import Typed, eval_call, reduce_scalar
+from ..extern_plan import MAX_THREADS
+from ..kernel import (ALIGN, SOURCE_OPS, Call, Const, ExternKernel, Index, Load, LoopKernel,
+                      Program, expr_nodes, scalar_arity)
+from ..scalar import Typed, eval_call, reduce_scalar
+from .scalar import I1, I32, I64, PTR, Intrinsics, LLVMScalarBuilder, mem_type, reg_type
 
 CODEGEN_VERSION = 9
 VOID = ir.VoidType()
@@ -82,7 +82,7 @@ class ModuleBuilder:
         self.threaded = False
 
     def build(self) -> str:
-        from . import llvm_extern  # noqa: PLC0415 - avoid an import cycle
+        from . import extern  # noqa: PLC0415 - avoid an import cycle
         prog = self.program
         fns = []
         for k, step in enumerate(prog.steps):
@@ -92,7 +92,7 @@ class ModuleBuilder:
             if isinstance(step, LoopKernel):
                 fn = LoopEmitter(self, step, fname, groups).emit()
             else:
-                fn = llvm_extern.emit_extern(self, step, fname, groups)
+                fn = extern.emit_extern(self, step, fname, groups)
             fns.append((fn, groups))
         entry = ir.Function(self.module, ir.FunctionType(VOID, [PTR, PTR]), self.name)
         entry.attributes.add("nounwind")
@@ -577,9 +577,6 @@ class for_range:
 
 
 # --------------------------------------------------------------------- threads
-MAX_THREADS = 64
-
-
 def nthreads_global(mb: ModuleBuilder):
     """The module's thread count (an exported i32 the runtime sets; 1 until it does)."""
     name = f"{mb.name}.nthreads"
@@ -597,7 +594,7 @@ CHUNKS_PER_THREAD = 4  # pool chunks of a parallel loop: a late thread leaves th
 def emit_parallel_driver(mb: ModuleBuilder, fn, body, extent: int, fill, spawn=True):
     """``fn(ptrs...)``: run ``body(ptrs..., lo, hi)`` over [0, extent) on up to ``nthreads``
     threads: chunks of [0, extent) claimed by the caller and the process-wide pool's threads
-    (llvm_pool.py); when another caller holds the pool, split across POSIX threads started
+    (threadpool.py); when another caller holds the pool, split across POSIX threads started
     here (the caller's thread takes the first chunk; a thread that cannot be started has its
     chunk run by the caller), or with spawn=False run whole by the caller. Either way every
     point runs once, whatever the thread count."""
@@ -674,7 +671,7 @@ def emit_parallel_driver(mb: ModuleBuilder, fn, body, extent: int, fill, spawn=T
 
 
 def pool_global(mb: ModuleBuilder):
-    """The module's pointer to the thread pool's entry (llvm_pool.py), set by the runtime
+    """The module's pointer to the thread pool's entry (threadpool.py), set by the runtime
     with the thread count; null until then (the drivers then start threads of their own)."""
     name = f"{mb.name}.pool"
     g = mb.module.globals.get(name)
@@ -759,7 +756,7 @@ SMALL_OUTPUT = 4096  # bytes: below this NumPy's own (16-byte) alignment is kept
 
 def new_arena(program):
     """(array, address): ``program``'s arena, 64-byte aligned and zeroed. Zero leaves every
-    packed-weights state PACK_OFF (llvm_gemv): only an owner that binds parameters and sets
+    packed-weights state PACK_OFF (gemv.py): only an owner that binds parameters and sets
     the states on each binding (NativeRun) lets a program use packed copies."""
     nbytes = max(program.arena_bytes, 1)
     buf = np.zeros(nbytes + ALIGN, dtype=np.uint8)
@@ -803,11 +800,11 @@ class CompiledProgram:
         self.lock = threading.Lock()
         self._nthreads = None
         if threaded:
-            from . import llvm_pool  # noqa: PLC0415 - compiled for threaded programs only
+            from . import threadpool  # noqa: PLC0415 - compiled for threaded programs only
             addr = module.global_address(f"{symbol}.nthreads")
             self._nthreads = ctypes.c_int32.from_address(addr)
             ctypes.c_void_p.from_address(module.global_address(f"{symbol}.pool")).value = \
-                llvm_pool.address()
+                threadpool.address()
             _follow_core_share(self)
 
     @property
@@ -856,7 +853,7 @@ def compile_program(program: Program, name: str = "program") -> CompiledProgram:
         built["mb"] = mb
         return mb.build()
 
-    from .llvm_extern import extern_key  # noqa: PLC0415 - avoid an import cycle
+    from .extern import extern_key  # noqa: PLC0415 - avoid an import cycle
     if any(isinstance(s, ExternKernel) for s in program.steps):
         from runtime import blas  # noqa: PLC0415 - BLAS symbols must exist before linking
         before = blas.load

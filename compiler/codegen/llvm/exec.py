@@ -18,10 +18,9 @@ from runtime import config
 from runtime.executable import Executable
 from runtime.memory import host_pool
 
-from .llvm import SMALL_OUTPUT, aligned_empty, compile_program, data_address, new_arena
-from .llvm_extern import pack_states
-from .llvm_gemv import PACK_NEW
-from .lower import lower
+from ..lower import lower
+from .emit import SMALL_OUTPUT, aligned_empty, compile_program, data_address, new_arena
+from .gemv import PACK_NEW, pack_states
 
 _log = config.logger("compile")
 
@@ -36,7 +35,7 @@ class NativeRun:
         self.io_addr = ctypes.addressof(self.io)
         self._io_arg = ctypes.c_void_p(self.io_addr)  # ctypes passes these without converting
         self.arena, self.arena_ptr = new_arena(prog)
-        # the packed-weights states (llvm_gemv) in this arena: set on each parameter binding
+        # the packed-weights states (gemv.py) in this arena: set on each parameter binding
         self._pack_states = [self.arena[off:off + 8].view(np.int64) for off in pack_states(prog)]
         self.arena_bytes = prog.arena_bytes
         self._arena_arg = ctypes.c_void_p(self.arena_ptr)
