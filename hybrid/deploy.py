@@ -34,7 +34,7 @@ from runtime.device import parse_device
 
 from . import _state
 from .ndarray import array
-from .tracing import CachedFunction, HybridFunction, call_cached, flatten, unflatten
+from .tracing import CachedFunction, HybridFunction, Static, call_cached, flatten, unflatten
 
 PRODUCER = "hybrid 0.1.0"
 MAX_GRAPH_BYTES = 256 << 20
@@ -51,8 +51,8 @@ def _tree_to_json(t):
         return {"k": kind, "c": [_tree_to_json(x) for x in t[1]]}
     if kind == "d":
         return {"k": "d", "keys": list(t[1]), "c": [_tree_to_json(x) for x in t[2]]}
-    return {"k": "s", "v": t[1] if isinstance(t[1], (int, float, str, bool, type(None)))
-            else repr(t[1])}
+    v = t[1].value if isinstance(t[1], Static) else t[1]
+    return {"k": "s", "v": v if isinstance(v, (int, float, str, bool, type(None))) else repr(v)}
 
 
 def _tree_from_json(d, what="structure", depth=0):
@@ -127,6 +127,10 @@ def _predict_entry(block, example_inputs):
     if entry.uses_key:
         raise ValueError("export: the predict-mode graph draws random numbers; exporting it "
                          "would not be deterministic")
+    if entry.input_writes:
+        raise ValueError("export: forward writes to its input arrays (x[:] = ..., x += ...); a "
+                         "deployed model never changes its caller's arrays: return the new "
+                         "value from forward instead")
     devices = sorted({str(d.get("device", "cpu(0)")) for _, d in entry.graph.g.nodes(data=True)})
     if len(devices) > 1:
         raise ValueError(f"export: the graph spans devices {', '.join(devices)} (x.to(device) in "

@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 
+import networkx as nx
 import numpy as np
 
 from compiler.graph import Graph, NodeRef
@@ -350,8 +351,10 @@ class Compiled:
     caller: object = None  # its dispatch.Caller, once a direct call made it
     param_devices: list = dataclasses.field(default_factory=list)  # the device of each param
     trace_seconds: float = 0.0
-    input_writes: list = dataclasses.field(default_factory=list)  # (leaf, output index)
+    # (leaf, output index, input positions, parameter positions it is computed from)
+    input_writes: list = dataclasses.field(default_factory=list)
     first_keys: list = dataclasses.field(default_factory=list)  # the tracing call's keys
+    out_sources: list = None  # per graph output, _sources(): made by the first recorded call
 
     @property
     def uses_key(self) -> bool:
@@ -484,13 +487,13 @@ class CachedFunction:
         for p, nid in trace.state_updates:
             updates.append((p, len(g.outputs)))
             g.outputs.append(nid)
+        key_nodes = [nid for nid, _ in trace.key_inputs]
+        g.inputs = [n for n in g.inputs if n not in key_nodes] + key_nodes  # keys come last
         writes = []  # inputs written in forward (x[:] = v, x += 1): their last value goes back
         for i, (t, nid) in enumerate(zip(tracers, in_nodes)):
             if t._nid != nid:
-                writes.append((i, len(g.outputs)))
+                writes.append((i, len(g.outputs)) + _sources(g, t._nid))
                 g.outputs.append(t._nid)
-        key_nodes = [nid for nid, _ in trace.key_inputs]
-        g.inputs = [n for n in g.inputs if n not in key_nodes] + key_nodes  # keys come last
         g.remove_dead()
         entry = Compiled(sig, g, trace.params, out_tree, n_user, updates,
                          [d for _, d in trace.key_inputs], self.backend,
@@ -506,6 +509,14 @@ class CachedFunction:
 
     def report(self) -> str:
         return explain_cache(self)
+
+
+def _sources(g, nid):
+    """(input positions, parameter positions) the value ``nid`` is computed from: a value
+    written back to an input is tracked by autograd only if one of them needs a gradient."""
+    up = nx.ancestors(g.g, nid) | {nid}
+    return (tuple(i for i, n in enumerate(g.inputs) if n in up),
+            tuple(i for i, n in enumerate(g.params) if n in up))
 
 
 def _why_retrace(old_sigs, sig) -> str:
@@ -582,8 +593,12 @@ def _run(entry: Compiled, leaves, name):
     for p, k in entry.state_updates:
         handles[entry.params.index(p)]._buf = outs[k]._buf
         rebind_token[0] = object()
-    for i, k in entry.input_writes:
-        leaves[i]._rebind(outs[k])
+    for i, k, from_inputs, from_params in entry.input_writes:
+        new = outs[k]
+        if not (recording and (any(_needs_grad(inputs[j]) for j in from_inputs) or
+                               any(_needs_grad(handles[j]) for j in from_params))):
+            new = new.detach()  # as eager: a value computed from nothing tracked has no node
+        leaves[i]._rebind(new)
     if entry.out_tree == _SINGLE:  # the common case: one array out
         return outs[0]
     return unflatten(entry.out_tree, outs[:entry.n_user_out])
@@ -657,6 +672,12 @@ def _run_training(entry, inputs, handles, device, name):
         return result
 
     record_custom(f"hybridized:{name}", record_inputs, user_outs, backward_fn)
+    if entry.out_sources is None:
+        entry.out_sources = [_sources(g, o) for o in g.outputs]
+    for o, (from_inputs, from_params) in zip(user_outs, entry.out_sources):
+        if not (any(needs[j] for j in from_inputs) or
+                any(needs[len(inputs) + j] for j in from_params)):
+            o._node = None  # as eager: computed from nothing tracked (a constant, the batch)
     return outs
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import hybrid as hb
-from hybrid import autograd, init, nn
+from hybrid import autograd, deploy, init, nn
 
 BACKENDS = ["llvm", "reference"]
 
@@ -278,3 +278,95 @@ def test_unhashable_static_arguments_reach_forward_unchanged():
 
     opts = types.SimpleNamespace(scale=3.0)  # unhashable: keyed by its repr
     np.testing.assert_array_equal(pick(hb.ones((2,)), opts).asnumpy(), [3, 3])
+
+
+# ------------------------------------------------------------------ found by the program fuzzer
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_input_written_in_forward_trains_again_next_call(backend):
+    """The written-back input is not an autograd node of the call when what was written
+    does not depend on anything tracked (eager: no node either), so the next recorded call
+    does not reach back into the first one's freed graph."""
+    class WriteThenDense(nn.HybridBlock):
+        def __init__(self):
+            super().__init__()
+            self.dense = nn.Dense(2)
+
+        def forward(self, x):
+            x[:] = x * 0.5 + 1
+            return self.dense(x)
+
+    def run(net):
+        x = hb.ones((2, 3))
+        grads = []
+        for _ in range(2):
+            with autograd.record():
+                y = net(x)
+            y.backward()
+            grads.append(net.dense.weight.grad().asnumpy())
+        return grads + [x.asnumpy()]
+
+    eager, hybrid = _both(_init(WriteThenDense), run, backend)
+    for e, h in zip(eager, hybrid):
+        np.testing.assert_allclose(h, e, rtol=1e-6)
+
+
+def _init(cls):
+    def build():
+        net = cls()
+        net.initialize()
+        return net
+    return build
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_output_computed_from_nothing_tracked_refuses_backward_as_eager(backend):
+    class Overwrite(nn.HybridBlock):
+        def __init__(self):
+            super().__init__()
+            self.dense = nn.Dense(1)
+
+        def forward(self, x):
+            h = self.dense(x) * 1.0
+            h[:, :1] = 2  # every column: the output no longer depends on the weights
+            return h
+
+    def run(net):
+        with autograd.record():
+            y = net(hb.ones((2, 3)))
+        with pytest.raises(RuntimeError, match="nothing to differentiate"):
+            y.backward()
+        return y.asnumpy()
+
+    eager, hybrid = _both(_init(Overwrite), run, backend)
+    np.testing.assert_array_equal(hybrid, eager)
+
+
+def test_a_cheap_value_with_two_consumers_compiles():
+    """fusion: a `full` read by two kernels is materialized, not inlined into both (which
+    crashed the pass: it expected one consumer)."""
+    @hb.hybridize
+    def f(x):
+        h = x * 1.0
+        h[:, :1] = 2  # the whole array: a `full`
+        return h + h * hb.random.uniform(size=h.shape)
+
+    assert f(hb.ones((2, 1))).shape == (2, 1)
+
+
+def test_export_keeps_static_outputs_and_refuses_input_writes(tmp_path):
+    @hb.hybridize
+    def two(x):
+        return x * 2, 3, None
+
+    x = hb.ones((2,))
+    two(x)
+    two_path = str(tmp_path / "two")
+    deploy.export(two, two_path)
+    y, three, none = hb.load(two_path)(x)
+    assert (three, none) == (3, None) and type(three) is int
+
+    net = _Writes()
+    net.hybridize()
+    net(hb.ones((4,)), hb.ones((4,)))
+    with pytest.raises(ValueError, match="writes to its input arrays"):
+        net.export(str(tmp_path / "writes"))

@@ -45,8 +45,8 @@ def materialization(graph: Graph):
             must[n] = f"{kind} result"
         elif kind == "movement" or kind == "source" and graph.op(n) not in CHEAP_TO_RECOMPUTE:
             must[n] = f"{kind} result"
-        elif len(users) > 1 and graph.op(n) not in CHEAP_TO_RECOMPUTE:
-            must[n] = f"used by {len(users)} consumers (recomputing is not free)"
+        elif len(users) > 1:  # inlined into each, a value would join their groups into one
+            must[n] = f"used by {len(users)} consumers"
         elif not users:
             must[n] = "unused"
         else:
