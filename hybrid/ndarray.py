@@ -16,7 +16,7 @@ import numpy as np
 
 from compiler.ops import (REGISTRY, OpError, Spec, dtype_name, eager_kernel, infer_types,
                           is_scalar, result_dtype)
-from compiler.ops.core import INT_RANGE, InferCache, attrs_key
+from compiler.ops.core import INT_RANGE, InferCache, attrs_key, is_int_scalar
 from runtime import engine as _engine_mod
 from runtime.device import Device, current_device, parse_device
 from runtime.memory import Buffer
@@ -431,7 +431,7 @@ def _eager(name, args, attrs):
             # whether it fits the array's dtype is checked at inference (check_int_fits).
             t = type(a)
             if op is not None and op.kind == "elementwise" and (
-                    t is float or t is bool or 0 <= a <= 127 or not _is_int_scalar(a)):
+                    t is float or t is bool or 0 <= a <= 127 or not is_int_scalar(a)):
                 key.append(t)
             else:
                 key.append((t, a))
@@ -487,10 +487,6 @@ def _eager(name, args, attrs):
             _record_op = record_op
         _record_op(name, args, attrs, [out] if out is not None else list(outs))
     return out if out is not None else outs
-
-
-def _is_int_scalar(a) -> bool:
-    return isinstance(a, (int, np.integer)) and not isinstance(a, (bool, np.bool_))
 
 
 def _transfer(x: NDArray, device: Device) -> NDArray:
@@ -573,8 +569,12 @@ def array(obj, dtype=None, device=None, ctx=None) -> NDArray:
 
 def _check_real(data: np.ndarray):
     if data.dtype.kind == "c":
-        raise TypeError(f"array: complex data ({data.dtype}) is not supported: no hybrid dtype "
-                        "holds an imaginary part; pass its .real, .imag or abs() explicitly")
+        _complex_refused("array", f"the data ({data.dtype})")
+
+
+def _complex_refused(who: str, what: str):
+    raise TypeError(f"{who}: {what} is complex, and no hybrid dtype holds an imaginary part; "
+                    "pass its .real, .imag or abs() explicitly")
 
 
 def _python_data(obj, name: str) -> np.ndarray:
@@ -599,8 +599,7 @@ def full(shape, fill_value, dtype=None, device=None, ctx=None) -> NDArray:
     shape = (shape,) if isinstance(shape, numbers.Integral) else \
         tuple(operator.index(s) for s in shape)
     if isinstance(fill_value, (complex, np.complexfloating)):
-        raise TypeError(f"full: fill_value {fill_value!r} is complex; no hybrid dtype holds "
-                        "an imaginary part")
+        _complex_refused("full", f"fill_value {fill_value!r}")
     device = parse_device(device or ctx)
     if dtype is None:
         dtype = "float32" if isinstance(fill_value, float) or not is_scalar(fill_value) \
@@ -707,8 +706,8 @@ def clip(x, a_min=None, a_max=None):
     dt = getattr(x, "_dtype", None)
     if dt in INT_RANGE:  # an integer bound beyond the dtype's range clips nothing
         low, high = INT_RANGE[dt]
-        lo = None if _is_int_scalar(lo) and lo < low else lo
-        hi = None if _is_int_scalar(hi) and hi > high else hi
+        lo = None if is_int_scalar(lo) and lo < low else lo
+        hi = None if is_int_scalar(hi) and hi > high else hi
     if lo is None and hi is None:
         return apply("copy", (x,), {})
     scalars = [b for b in (lo, hi) if b is not None]

@@ -161,12 +161,11 @@ def test_multi_device_training_still_names_its_devices(tmp_path):
     x = hb.array(np.random.default_rng(2).standard_normal((4, 5)))
     y = hb.array([0, 1, 1, 0])
     loss_fn = hb.loss.SoftmaxCrossEntropyLoss()
+    parts = list(zip(hb.split_and_load(x, devices), hb.split_and_load(y, devices)))
     for _ in range(2):
         with autograd.record():
-            losses = [loss_fn(net(a), b) for a, b in
-                      zip(hb.split_and_load(x, devices), hb.split_and_load(y, devices))]
-        for loss in losses:
-            loss.backward()
+            losses = [loss_fn(net(a), b) for a, b in parts]
+        autograd.backward(losses)
         trainer.step(4)
     a, b = (d.asnumpy() for d in net[0].weight.list_data())
     np.testing.assert_array_equal(a, b)

@@ -168,10 +168,15 @@ def result_dtype(*args) -> str:
 INT_RANGE = {n: (int(np.iinfo(n).min), int(np.iinfo(n).max)) for n in INT_DTYPES}
 
 
+def is_int_scalar(v) -> bool:
+    """A Python or NumPy integer, not a bool."""
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
 def check_int_fits(v, dtype: str, what: str = "Python integer"):
     """An integer scalar meeting an integer dtype must fit it (NumPy 2 raises OverflowError
     for ``uint8_array + 300``); it would wrap around silently in a kernel."""
-    if isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)):
+    if is_int_scalar(v):
         lo, hi = INT_RANGE[dtype]
         if not lo <= v <= hi:
             raise OpError(f"{what} {int(v)} is out of bounds for {dtype} ([{lo}, {hi}]); "
