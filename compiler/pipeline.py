@@ -14,6 +14,7 @@ from runtime.executable import Executable, PartExecutable, PartitionedExecutable
 
 from .graph import Graph
 from .passes import fuse, plan_memory, schedule, simplify
+from .passes.index_checks import add_index_checks, checked_run
 from .passes.partition import devices_of, partition
 from .reference import ReferenceProgram
 from .verify import verify
@@ -75,7 +76,9 @@ def compile(graph: Graph, backend: str = "reference", device=None, passes=None):
     t0 = time.perf_counter()
     in_specs = [graph.spec(n) for n in graph.inputs]
     param_specs = [graph.spec(n) for n in graph.params]
-    optimized, reports = run_passes(graph, passes)
+    n_outputs = len(graph.outputs)
+    checked, checks = add_index_checks(graph)
+    optimized, reports = run_passes(checked, passes)
     if backend == "reference":
         prog = ReferenceProgram(optimized)
         exe = Executable(prog, "reference", in_specs, param_specs,
@@ -83,6 +86,9 @@ def compile(graph: Graph, backend: str = "reference", device=None, passes=None):
     else:
         from .codegen import backend_compile  # noqa: PLC0415 - optional heavy import
         exe = backend_compile(optimized, backend, device, in_specs, param_specs)
+    if checks:  # out-of-range indices raise after the call; callers see their outputs only
+        exe.run = checked_run(exe.run, checks, n_outputs)
+        exe.out_specs = exe.out_specs[:n_outputs]
     exe.report.update({"passes": reports, "graph": optimized,
                        "compile_seconds": time.perf_counter() - t0,
                        "explain": explain_plan(optimized)})

@@ -126,14 +126,17 @@ def _advanced(x, entries, arrays):
         flat = None
         for i, (ix, n) in enumerate(zip(idx, dims)):
             stride = int(np.prod(dims[i + 1:], dtype=np.int64))
-            term = (ix % n) * stride
+            # each array checked against its own axis (IndexError out of [-n, n), eagerly
+            # and compiled) and counted from the end when negative: take from arange(n)
+            term = apply("take", (apply("arange", (), {"start": 0, "stop": n, "step": 1,
+                                                       "dtype": ix.dtype}), ix),
+                         {"axis": 0, "mode": "raise"}) * stride
             flat = term if flat is None else flat + term
         flat = apply("broadcast_to", (flat,), {"shape": tuple(shape)})
     lead = x.shape[:first]
     rest = x.shape[first + len(arrays):]
     merged = reshape(x, lead + (int(np.prod(dims, dtype=np.int64)),) + rest)
-    out = apply("take", (merged, _wrap_negative(flat, int(np.prod(dims)))),
-                {"axis": first, "mode": "clip"})
+    out = apply("take", (merged, flat), {"axis": first, "mode": "raise"})
     drop = [i for i, e in enumerate(entries) if e[0] == "int"]
     if drop:
         shape = list(out.shape)
@@ -150,11 +153,6 @@ def _advanced(x, entries, arrays):
                 list(range(pos + nidx, len(out.shape)))
             out = apply("transpose", (out,), {"axes": tuple(axes)})
     return out
-
-
-def _wrap_negative(idx, n):
-    """NumPy semantics: -1 is the last element."""
-    return apply("where", (apply("lt", (idx, 0), {}), idx + n, idx), {})
 
 
 def _mask_getitem(x, mask):

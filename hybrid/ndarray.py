@@ -354,7 +354,7 @@ class NDArray:
     def relu(self): return relu(self)
     def sign(self): return sign(self)
     def dot(self, o): return dot(self, o)
-    def take(self, indices, axis=0, mode="clip"): return take(self, indices, axis, mode)
+    def take(self, indices, axis=0, mode="raise"): return take(self, indices, axis, mode)
     def tile(self, reps): return tile(self, reps)
     def repeat(self, repeats, axis=None): return repeat(self, repeats, axis)
     def zeros_like(self): return zeros_like(self)
@@ -824,7 +824,9 @@ def one_hot(indices, depth, on_value=1.0, off_value=0.0, dtype="float32"):
     return _composite.one_hot(F, indices, depth, on_value, off_value, dtype_name(dtype))
 
 
-def take(x, indices, axis=0, mode="clip"):
+def take(x, indices, axis=0, mode="raise"):
+    """NumPy's take: an index out of [-n, n) raises IndexError (eagerly and compiled) unless
+    ``mode`` is 'clip' or 'wrap'."""
     if not isinstance(indices, NDArray) and not _state.tracing():
         indices = array(indices, dtype="int64", device=x.device)
     return apply("take", (x, indices), {"axis": axis, "mode": mode})

@@ -111,7 +111,7 @@ def dropout(data, p=0.5, mode="training", axes=()):
 
 def embedding(data, weight, input_dim=None, output_dim=None):
     return apply("take", (weight, data.astype("int64") if data.dtype != "int64" else data),
-                 {"axis": 0, "mode": "clip"})
+                 {"axis": 0, "mode": "raise"})  # a token past the table is an error
 
 
 def gelu(x): return _c.gelu(F, x)

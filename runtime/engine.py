@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import functools
 import os
 import sys
 import threading
@@ -38,6 +39,24 @@ class AsyncOpError(RuntimeError):
         self.original = original
         at = f" (queued at {where[0]}:{where[1]})" if where else ""
         super().__init__(f"op '{op_name}'{at} failed: {type(original).__name__}: {original}")
+
+
+    @staticmethod
+    def of(op_name: str, where, original: BaseException) -> "AsyncOpError":
+        """The error to raise at a sync point: also an instance of the original's type, so
+        ``except IndexError`` catches an IndexError raised inside a queued op."""
+        return _error_class(type(original))(op_name, where, original)
+
+
+@functools.lru_cache(maxsize=None)
+def _error_class(original: type) -> type:
+    if not issubclass(original, Exception) or issubclass(AsyncOpError, original) or \
+            original is AsyncOpError:
+        return AsyncOpError
+    try:
+        return type(original.__name__, (AsyncOpError, original), {"__module__": __name__})
+    except TypeError:  # a base whose instance layout conflicts: the plain error
+        return AsyncOpError
 
 
 class WaitTimeout(TimeoutError):
@@ -284,7 +303,7 @@ class Engine:
             try:
                 op.fn()
             except BaseException as exc:  # noqa: BLE001 - every failure is reported at a sync point
-                err = AsyncOpError(op.name, op.where, exc)
+                err = AsyncOpError.of(op.name, op.where, exc)
                 err.__cause__ = exc
                 op.origin = True
                 if config.log_enabled("engine"):
@@ -350,7 +369,7 @@ class Engine:
             first = errors[0]
             if len(errors) > 1:
                 others = "; ".join(str(e) for e in errors[1:4])
-                first = AsyncOpError(first.op_name, first.where, first.original)
+                first = AsyncOpError.of(first.op_name, first.where, first.original)
                 first.args = (f"{first.args[0]} (and {len(errors) - 1} more failed op(s): "
                               f"{others})",)
             self._raise(first)
@@ -403,7 +422,7 @@ class Engine:
         with self._lock:
             if err in self._unreported:
                 self._unreported.remove(err)
-        fresh = AsyncOpError(err.op_name, err.where, err.original)
+        fresh = AsyncOpError.of(err.op_name, err.where, err.original)
         fresh.args = err.args
         raise fresh from err.original
 

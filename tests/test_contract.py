@@ -370,3 +370,59 @@ def test_export_keeps_static_outputs_and_refuses_input_writes(tmp_path):
     net(hb.ones((4,)), hb.ones((4,)))
     with pytest.raises(ValueError, match="writes to its input arrays"):
         net.export(str(tmp_path / "writes"))
+
+
+# ------------------------------------------------------------------ 8. out-of-range indices
+def _int(v):
+    return hb.array(v, dtype="int64")
+
+
+@pytest.mark.parametrize("backend", [None] + BACKENDS)
+def test_an_embedding_token_past_the_table_raises(backend):
+    emb = nn.Embedding(50, 4)
+    emb.initialize()
+    if backend:
+        emb.hybridize(backend=backend)
+    np.testing.assert_array_equal(emb(_int([49])).asnumpy(), emb.weight.data().asnumpy()[49:])
+    with pytest.raises(IndexError, match="60 is out of bounds for axis 0 with size 50"):
+        emb(_int([3, 60])).asnumpy()
+
+
+@pytest.mark.parametrize("backend", [None] + BACKENDS)
+def test_fancy_indexing_out_of_range_raises_and_negative_counts_from_the_end(backend):
+    def index(x, i):
+        return x[i]
+
+    fn = hb.hybridize(index, backend=backend) if backend else index
+    x = hb.arange(10).astype("float32")
+    np.testing.assert_array_equal(fn(x, _int([-1, -10, 3])).asnumpy(), [9, 0, 3])
+    for bad in (100, 10, -11):
+        with pytest.raises(IndexError, match=f"{bad} is out of bounds"):
+            fn(x, _int([1, bad])).asnumpy()
+    grid = hb.arange(12).astype("float32").reshape((3, 4))
+    pair = hb.hybridize(lambda g, r, c: g[r, c], backend=backend) if backend else \
+        (lambda g, r, c: g[r, c])
+    np.testing.assert_array_equal(pair(grid, _int([2, -1]), _int([-1, 0])).asnumpy(), [11, 8])
+    with pytest.raises(IndexError, match="4 is out of bounds"):
+        pair(grid, _int([1]), _int([4])).asnumpy()  # flat index 8 is in range: still wrong
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_take_clips_or_wraps_only_when_asked(backend):
+    x = hb.arange(5).astype("float32")
+    i = _int([7, -7])
+    for mode, want in (("clip", [4, 0]), ("wrap", [2, 3])):
+        f = hb.hybridize(lambda x, i, mode=mode: x.take(i, mode=mode), backend=backend)
+        np.testing.assert_array_equal(f(x, i).asnumpy(), want)
+    with pytest.raises(IndexError):
+        hb.take(x, i).asnumpy()
+
+
+def test_the_gradient_of_a_negative_index_goes_to_its_row():
+    x = hb.arange(4).astype("float32")
+    for fn in (lambda x: x[_int([-1])], hb.hybridize(lambda x: x[_int([-1])])):
+        x.attach_grad()
+        with autograd.record():
+            y = fn(x).sum()
+        y.backward()
+        np.testing.assert_array_equal(x.grad.asnumpy(), [0, 0, 0, 1])

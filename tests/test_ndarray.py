@@ -427,7 +427,9 @@ def test_take_and_pick(rng):
     x = hb.array(a)
     assert_same(hb.take(x, [0, 3, 3]), np.take(a, [0, 3, 3], axis=0))
     assert_same(x.take(hb.array(np.array([[2, 0]])), axis=1), np.take(a, [[2, 0]], axis=1))
-    assert_same(hb.take(x, [-1, 9]), np.take(a, [-1, 9], axis=0, mode="clip"))
+    assert_same(hb.take(x, [-1, 9], mode="clip"), np.take(a, [-1, 9], axis=0, mode="clip"))
+    with pytest.raises(IndexError, match="9 is out of bounds"):  # NumPy's default: raise
+        hb.take(x, [-1, 9]).asnumpy()
     assert_same(hb.take(x, [-1, 5], mode="wrap"), np.take(a, [-1, 5], axis=0, mode="wrap"))
     i = hb.array(np.array([2, 0, 1, 0]))
     assert_same(hb.pick(x, i), a[np.arange(4), [2, 0, 1, 0]])

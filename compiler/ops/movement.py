@@ -255,8 +255,8 @@ def _take_grad_infer(g, indices, axis, dim, mode="clip"):
 
 def _take_grad_impl(xp, g, indices, axis, dim, mode="clip"):
     nidx = indices.ndim
-    if mode == "wrap":
-        idx = xp.mod(indices, dim)
+    if mode in ("wrap", "raise"):  # 'raise': the forward checked [-dim, dim); negative
+        idx = xp.mod(indices, dim)   # indices count from the end
     else:
         idx = xp.clip(indices, 0, dim - 1)
     lead = g.shape[:axis]

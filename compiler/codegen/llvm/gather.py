@@ -19,7 +19,10 @@ def _axis(axis, ndim):
 
 def _index_of(eb, idx_ptr, idx_dt, j, dim, mode):
     v = eb.sb.typed(eb.load(eb.gep(idx_ptr, idx_dt, j), idx_dt), "int64")
-    if mode == "wrap":
+    if mode in ("wrap", "raise"):
+        # 'raise': the executable checks the range after the call (passes/index_checks.py);
+        # here an index in [-dim, dim) counts from the end as NumPy's, and any other stays
+        # in bounds
         return eb.sb.mod(v, eb.sb.const(dim, "int64")).v
     return eb.clamp(v.v, 0, dim - 1)
 
@@ -29,9 +32,6 @@ def _take(eb: EB, step, attrs):
     so = step.out_slots[0]
     X, IDX = slot_of(eb, sx), slot_of(eb, si)
     mode = attrs.get("mode", "clip")
-    if mode not in ("clip", "wrap"):
-        raise KernelIRError("take: mode='raise' cannot raise inside compiled code; use "
-                            "mode='clip' or 'wrap' (or run it eagerly)")
     ax = _axis(attrs.get("axis", 0), len(X.shape))
     lead = math.prod(X.shape[:ax])
     dim = X.shape[ax]
