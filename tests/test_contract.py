@@ -426,3 +426,24 @@ def test_the_gradient_of_a_negative_index_goes_to_its_row():
             y = fn(x).sum()
         y.backward()
         np.testing.assert_array_equal(x.grad.asnumpy(), [0, 0, 0, 1])
+
+
+def test_resnet18_running_statistics_move_once_on_the_first_training_call():
+    """The issue's case: the deepest BatchNorm of resnet18 moved 4.1x too far."""
+    from hybrid.nn import models
+
+    def build():
+        net = models.resnet18(num_classes=4, width=8)
+        net.initialize(init.Xavier())
+        return net
+
+    def run(net):
+        x = hb.array(np.random.default_rng(1).normal(size=(2, 3, 16, 16)).astype("float32"))
+        with autograd.record():
+            net(x)
+        return [p.data().asnumpy() for k, p in net.collect_params().items()
+                if "running_mean" in k]
+
+    eager, hybrid = _both(build, run, "llvm")
+    for e, h in zip(eager, hybrid):
+        np.testing.assert_allclose(h, e, rtol=1e-3, atol=1e-4)
