@@ -18,6 +18,7 @@ from compiler.ops import (REGISTRY, OpError, Spec, dtype_name, eager_kernel, inf
                           is_scalar, result_dtype)
 from compiler.ops.core import INT_RANGE, InferCache, attrs_key, is_int_scalar
 from runtime import engine as _engine_mod
+from runtime import transfer as _transfer_mod
 from runtime.device import Device, current_device, parse_device
 from runtime.memory import Buffer
 
@@ -105,17 +106,17 @@ class NDArray:
     def wait_to_read(self, timeout: float | None = None):
         """Block until this array's value is computed (raises if its computation failed)."""
         _engine_mod.get_engine().wait(self._buf.var, timeout)
+        if self.device.kind != "cpu":  # its op is done once queued: wait for the GPU too
+            self.device.synchronize(timeout)
         return self
 
     def _raw(self):
-        self.wait_to_read()
+        _engine_mod.get_engine().wait(self._buf.var)
         return self._buf.data
 
     def asnumpy(self) -> np.ndarray:
-        data = self._raw()
-        if isinstance(data, np.ndarray):
-            return data.copy()
-        return data.get()  # cupy
+        # on a GPU, the seam's device->host copy: ordered after the kernels writing the data
+        return self.device.to_numpy(self._raw())
 
     def item(self):
         if self.size != 1:
@@ -357,6 +358,7 @@ class NDArray:
     def take(self, indices, axis=0, mode="raise"): return take(self, indices, axis, mode)
     def tile(self, reps): return tile(self, reps)
     def repeat(self, repeats, axis=None): return repeat(self, repeats, axis)
+    def cumsum(self, axis=None, dtype=None): return cumsum(self, axis, dtype)
     def zeros_like(self): return zeros_like(self)
     def ones_like(self): return ones_like(self)
 
@@ -494,21 +496,8 @@ def _transfer(x: NDArray, device: Device) -> NDArray:
     if _state.tracing():
         raise RuntimeError("moving arrays between devices inside a hybridized forward is not "
                            "supported; move inputs before calling the block")
-    out = NDArray(Buffer(), x.shape, x._dtype, device)
-    src, dst = x._buf, out._buf
-
-    def run():
-        data = src.data
-        if device.kind == "cpu":
-            dst.data = data.get() if hasattr(data, "get") else np.array(data, copy=True)
-        else:
-            xp = device.xp
-            with xp.cuda.Device(device.index):
-                dst.data = xp.asarray(data)
-
-    eng = _engine_mod.get_engine()
-    eng.push(run, (src.var,), (dst.var,), device if device.kind == "gpu" else x.device,
-             "copyto", user_frame())
+    out = NDArray(_transfer_mod.push_copy(x._buf, x.device, device, "copyto", user_frame()),
+                  x.shape, x._dtype, device)
     if _state.is_recording() and (x._node is not None or x._grad_req != "null"):
         from .autograd import record_custom  # noqa: PLC0415
         record_custom("copyto", [x], [out], lambda gs: [_transfer(gs[0], x.device)])
@@ -518,14 +507,7 @@ def _transfer(x: NDArray, device: Device) -> NDArray:
 # ============================================================== creation
 def _from_numpy(data: np.ndarray, device: Device) -> NDArray:
     device = _canon_device(device)
-    out = NDArray(Buffer(), data.shape, data.dtype.name, device)
-    if device.kind == "cpu":
-        out._buf.data = data
-    else:
-        buf = out._buf
-        _engine_mod.get_engine().push(lambda: setattr(buf, "data", device.xp.asarray(data)),
-                                      (), (buf.var,), device, "array")
-    return out
+    return NDArray(_transfer_mod.upload(data, device), data.shape, data.dtype.name, device)
 
 
 def array(obj, dtype=None, device=None, ctx=None) -> NDArray:
@@ -628,11 +610,14 @@ def empty_like(x, dtype=None): return zeros_like(x, dtype)
 
 
 def arange(start, stop=None, step=1, dtype=None, device=None, ctx=None) -> NDArray:
+    """Evenly spaced values in [start, stop): float32 unless ``dtype`` says otherwise, as in
+    MXNet's np (NumPy gives int64 for integer arguments). The book relies on it: its
+    ``X = np.arange(12).reshape(3, 4)`` later takes ``X += Y`` with float Y, which an integer
+    X would refuse. Pass ``dtype="int64"`` for integers."""
     if stop is None:
         start, stop = 0, start
     if dtype is None:
-        dtype = "int64" if all(isinstance(v, numbers.Integral) for v in (start, stop, step)) \
-            else "float32"
+        dtype = "float32"
     with parse_device(device or ctx):
         return apply("arange", (), {"start": start, "stop": stop, "step": step,
                                     "dtype": dtype_name(dtype)})
@@ -816,6 +801,10 @@ def split(x, indices_or_sections, axis=0): return _composite.split(F, x, indices
 def tile(x, reps): return _composite.tile(F, x, reps)
 def repeat(x, repeats, axis=None): return _composite.repeat(F, x, repeats, axis)
 def flatten(x): return _composite.flatten(F, x)
+def cumsum(x, axis=None, dtype=None):
+    return _composite.cumsum(F, x, axis, None if dtype is None else dtype_name(dtype))
+
+
 def softmax(x, axis=-1): return _composite.softmax(F, x, axis)
 def log_softmax(x, axis=-1): return _composite.log_softmax(F, x, axis)
 
@@ -843,4 +832,4 @@ def waitall(timeout: float | None = None):
 
 
 
-__all__ = ['NDArray', 'array', 'asarray', 'full', 'zeros', 'ones', 'empty', 'zeros_like', 'ones_like', 'full_like', 'empty_like', 'arange', 'linspace', 'eye', 'exp', 'log', 'log1p', 'expm1', 'sqrt', 'rsqrt', 'square', 'sin', 'cos', 'tanh', 'sigmoid', 'relu', 'abs', 'absolute', 'sign', 'floor', 'ceil', 'round', 'erf', 'logical_not', 'negative', 'stop_gradient', 'add', 'subtract', 'multiply', 'divide', 'true_divide', 'floor_divide', 'mod', 'power', 'maximum', 'minimum', 'equal', 'not_equal', 'less', 'less_equal', 'greater', 'greater_equal', 'logical_and', 'logical_or', 'logical_xor', 'where', 'clip', 'sum', 'prod', 'max', 'min', 'amax', 'amin', 'argmax', 'argmin', 'mean', 'var', 'std', 'matmul', 'dot', 'reshape', 'transpose', 'broadcast_to', 'concatenate', 'concat', 'expand_dims', 'squeeze', 'swapaxes', 'stack', 'split', 'tile', 'repeat', 'flatten', 'softmax', 'log_softmax', 'one_hot', 'take', 'pick', 'waitall']
+__all__ = ['NDArray', 'array', 'asarray', 'full', 'zeros', 'ones', 'empty', 'zeros_like', 'ones_like', 'full_like', 'empty_like', 'arange', 'linspace', 'eye', 'exp', 'log', 'log1p', 'expm1', 'sqrt', 'rsqrt', 'square', 'sin', 'cos', 'tanh', 'sigmoid', 'relu', 'abs', 'absolute', 'sign', 'floor', 'ceil', 'round', 'erf', 'logical_not', 'negative', 'stop_gradient', 'add', 'subtract', 'multiply', 'divide', 'true_divide', 'floor_divide', 'mod', 'power', 'maximum', 'minimum', 'equal', 'not_equal', 'less', 'less_equal', 'greater', 'greater_equal', 'logical_and', 'logical_or', 'logical_xor', 'where', 'clip', 'sum', 'prod', 'max', 'min', 'amax', 'amin', 'argmax', 'argmin', 'mean', 'var', 'std', 'matmul', 'dot', 'reshape', 'transpose', 'broadcast_to', 'concatenate', 'concat', 'expand_dims', 'squeeze', 'swapaxes', 'stack', 'split', 'tile', 'repeat', 'flatten', 'cumsum', 'softmax', 'log_softmax', 'one_hot', 'take', 'pick', 'waitall']

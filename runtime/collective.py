@@ -20,7 +20,6 @@ against a deadline: nothing waits forever.
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import math
@@ -31,7 +30,7 @@ import time
 
 import numpy as np
 
-from . import config
+from . import config, transfer
 from .device import Device
 from .engine import get_engine
 from .memory import Buffer
@@ -87,47 +86,35 @@ class Tensor:
         return self.buf.data
 
     def host(self, timeout=None) -> np.ndarray:
-        data = self.wait(timeout)
-        return data.get() if hasattr(data, "get") else data
+        """The value as a host array (the buffer itself on a CPU device: do not mutate)."""
+        return self.device.to_numpy(self.wait(timeout), copy=False)
 
     def __repr__(self):
         return f"Tensor({self.dtype}{list(self.shape)} on {self.device})"
 
 
-def _ctx(device: Device):
-    if device.kind == "cpu":
-        return contextlib.nullcontext()
-    return device.xp.cuda.Device(device.index)
-
-
-def _move(data, device: Device):
-    if device.kind == "cpu":
-        # host arrays are shared between CPU devices: buffers are never mutated
-        return data.get() if hasattr(data, "get") else data
-    xp = device.xp
-    with xp.cuda.Device(device.index):
-        return xp.array(data, copy=True)
-
-
-def _push(fn, inputs, shape, dtype, device, name, run_on=None) -> Tensor:
+def _push(fn, inputs, shape, dtype, device, name) -> Tensor:
+    """``fn`` of the inputs' arrays as an engine op on ``device`` (a GPU's ops run with it
+    activated: see Engine._gpu_worker_loop)."""
     out = Tensor(Buffer(), shape, dtype, device)
     bufs = [t.buf for t in inputs]
     ob = out.buf
 
     def run():
-        with _ctx(run_on or device):
-            ob.data = fn(*[b.data for b in bufs])
+        ob.data = fn(*[b.data for b in bufs])
 
-    get_engine().push(run, tuple(b.var for b in bufs), (ob.var,), run_on or device, name)
+    get_engine().push(run, tuple(b.var for b in bufs), (ob.var,), device, name)
     return out
 
 
 def copy_to(t: Tensor, device: Device) -> Tensor:
-    """``t`` on ``device`` (``t`` itself if it is there already): an engine op."""
+    """``t`` on ``device`` (``t`` itself if it is there already): an engine op, on the GPU's
+    copy lane when one is involved (host arrays are shared between CPU devices: buffers are
+    never mutated)."""
     if t.device == device:
         return t
-    run_on = device if device.kind == "gpu" else t.device
-    return _push(lambda d: _move(d, device), [t], t.shape, t.dtype, device, "copyto", run_on)
+    return Tensor(transfer.push_copy(t.buf, t.device, device, copy=False), t.shape, t.dtype,
+                  device)
 
 
 def add(a: Tensor, b: Tensor) -> Tensor:
@@ -171,8 +158,7 @@ def _slice(t: Tensor, lo: int, hi: int) -> Tensor:
 
 def _join(chunks, shape, dtype, device) -> Tensor:
     def join(*parts):
-        xp = np if device.kind == "cpu" else device.xp
-        return xp.concatenate(parts).reshape(shape)
+        return device.xp.concatenate(parts).reshape(shape)
     return _push(join, chunks, shape, dtype, device, "allreduce.join")
 
 

@@ -48,6 +48,15 @@ def _positive_int(value) -> int:
     return n
 
 
+def _count(value) -> int:
+    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+        raise ValueError(f"expected a whole number (0 or more), got {value!r}")
+    n = int(value)
+    if n < 0:
+        raise ValueError(f"expected a whole number (0 or more), got {value!r}")
+    return n
+
+
 def _seconds(value) -> float:
     if isinstance(value, bool):
         raise ValueError(f"expected a positive number of seconds, got {value!r}")
@@ -113,6 +122,13 @@ FLAGS = {f.name: f for f in [
          "Write generated code (LLVM IR, assembly, CUDA C) of each executable here."),
     Flag("HYBRID_SMOKE", _bool, False,
          "Examples and benchmarks shrink their sizes (used by CI)."),
+    Flag("HYBRID_GPU_EMULATE", _count, 0,
+         "Emulate this many GPUs on the CPU (hb.gpu(0) .. hb.gpu(N-1)): device memory is host "
+         "memory, streams are worker queues, CUDA C kernels run through the emulator "
+         "(runtime/gpu/emulated.py). 0: the real GPUs that CuPy sees, if any."),
+    Flag("HYBRID_CUDA_GRAPHS", _bool, True,
+         "Capture a static plan's kernels as a CUDA graph and replay it (one launch per call "
+         "instead of one per kernel); 0 launches the kernels one by one."),
     Flag("HYBRID_DIST_TIMEOUT", _seconds, 300.0,
          "Seconds a distributed key-value store or collective waits for the other workers "
          "(a rank that died, hung, left early or runs fewer batches) before it raises, "

@@ -1,12 +1,14 @@
 """Devices: ``cpu(i)`` and ``gpu(i)``, each with its array module.
 
 CPU devices are logical: ``cpu(0)`` and ``cpu(1)`` are separate engine workers on one machine,
-each with its share of the cores. GPUs come from CuPy, imported lazily so the package never
-depends on a CuPy wheel's name; a GPU that is not there fails at first use, not at creation.
+each with its share of the cores. A GPU's work goes through the GPU seam (runtime/gpu/): CuPy
+on a real GPU, or emulated GPUs on the CPU (``HYBRID_GPU_EMULATE=N``). The methods here that
+touch a GPU (``xp``, ``activate``, ``synchronize``, ``to_numpy``, ``seam``) are the one way
+the layers above reach it. A GPU that is not there fails at first use, not at creation.
 """
 from __future__ import annotations
 
-import functools
+import contextlib
 import os
 
 import numpy as np
@@ -47,18 +49,53 @@ class Device:
 
     @property
     def xp(self):
-        """The array module (numpy or cupy) that computes on this device."""
+        """The array module that computes on this device: NumPy on a CPU and on an emulated
+        GPU, CuPy on a real one. DeviceError, saying the fix, for a GPU that is not there."""
         if self.kind == "cpu":
             return np
-        cp = cupy_module()
-        if cp is None:
-            raise DeviceError(f"{self} was used, but CuPy is not installed: "
-                              "pip install 'hybrid[gpu]' (cupy-cuda12x) on a machine with a GPU")
-        n = num_gpus()
-        if self.index >= n:
-            raise DeviceError(f"{self} was used, but this machine has {n} GPU(s); "
-                              f"use hb.gpu(i) with i < {n}, or hb.cpu()")
-        return cp
+        return _get_gpu(self.index).xp
+
+    @property
+    def seam(self):
+        """The GPU seam object doing this GPU's work (:class:`runtime.gpu.seam.GPU`)."""
+        if self.kind != "gpu":
+            raise DeviceError(f"{self} is not a GPU")
+        return _get_gpu(self.index)
+
+    def activate(self):
+        """A context manager making this device current in this thread (a GPU and its compute
+        stream, where eager ops queue their kernels); nothing for a CPU."""
+        return _NOTHING if self.kind == "cpu" else _get_gpu(self.index).activate()
+
+    def synchronize(self, timeout: float | None = None):
+        """Block until the work queued on this device's streams is done (an engine op on a GPU
+        is done when its kernels are queued, not when they ran). A GPU that is not there
+        has nothing to wait for."""
+        if self.kind == "gpu":
+            try:
+                gpu = _get_gpu(self.index)
+            except DeviceError:
+                return
+            gpu.synchronize(timeout)
+
+    def to_numpy(self, data, copy: bool = True) -> np.ndarray:
+        """A host array of ``data``, an array of this device (a copy, unless ``copy`` is False
+        and ``data`` is host memory already). On a GPU: the seam's device->host copy, ordered
+        after the kernels queued before it."""
+        if self.kind == "cpu":
+            return data.copy() if copy else data
+        return _get_gpu(self.index).to_host(data)
+
+    @property
+    def copy_lane(self):
+        """Where the engine queues copies to and from this device: a GPU's copy stream, beside
+        its compute (so they overlap); a CPU device itself."""
+        if self.kind == "cpu":
+            return self
+        lane = _copy_lanes.get(self)
+        if lane is None:
+            lane = _copy_lanes.setdefault(self, CopyLane(self))
+        return lane
 
     def __repr__(self):
         return f"{self.kind}({self.index})"
@@ -78,6 +115,26 @@ class Device:
 
 
 _default_stack: list[Device] = []
+_NOTHING = contextlib.nullcontext()
+
+
+class CopyLane:
+    """The engine queue of a GPU's copies (one FIFO worker, as its copy stream is one queue):
+    copies run beside the GPU's compute ops instead of behind them."""
+
+    __slots__ = ("device", "kind", "index")
+
+    def __init__(self, device: Device):
+        self.device, self.kind, self.index = device, "copy", device.index
+
+    def activate(self):
+        return self.device.activate()
+
+    def __repr__(self):
+        return f"{self.device}.copy"
+
+
+_copy_lanes: dict = {}
 
 
 def cpu(index: int = 0) -> Device:
@@ -107,26 +164,24 @@ def parse_device(spec) -> Device:
     raise ValueError(f"device must be hb.cpu(i), hb.gpu(i) or a string like 'cpu:0', got {spec!r}")
 
 
-@functools.lru_cache(maxsize=1)
+def _get_gpu(index: int):
+    global _get_gpu  # the seam imports this module: bound at first use, then called direct
+    from .gpu.seam import get_gpu  # noqa: PLC0415
+    _get_gpu = get_gpu
+    return get_gpu(index)
+
+
 def cupy_module():
     """CuPy if it imports, else None (never raises)."""
-    try:
-        import cupy  # noqa: PLC0415 - lazy on purpose
-        return cupy
-    except Exception:
-        return None
+    from .gpu.cupy_gpu import cupy_module as found  # noqa: PLC0415
+    return found()
 
 
-@functools.lru_cache(maxsize=1)
 def num_gpus() -> int:
-    """How many CUDA GPUs CuPy sees; 0 without CuPy or a driver (never an exception)."""
-    cp = cupy_module()
-    if cp is None:
-        return 0
-    try:
-        return int(cp.cuda.runtime.getDeviceCount())
-    except Exception:
-        return 0
+    """How many GPUs ``gpu(i)`` can name: HYBRID_GPU_EMULATE's emulated ones when it is set,
+    else those CuPy sees; 0 without CuPy or a driver. Cheap, and never raises."""
+    from .gpu.seam import num_gpus as count  # noqa: PLC0415
+    return count()
 
 
 def device_of(array) -> Device:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
 import functools
 import os
 import sys
@@ -25,7 +26,7 @@ import time
 import weakref
 
 from . import config
-from .device import Device, cpu, cpu_count
+from .device import CopyLane, Device, cpu, cpu_count
 
 _log = config.logger("engine")
 
@@ -171,7 +172,7 @@ class Engine:
                 self._inflight += 1
                 worker = self._workers.get(device) or self._make_worker(device, start=False)
                 worker.active += 1
-            self._execute(op)
+            self._execute_here(op)
             self._complete(op, worker)
             return op
         run_here = False
@@ -195,9 +196,17 @@ class Engine:
                     if worker.sleeping:
                         worker.cv.notify()
         if run_here:
-            self._execute(op)
+            self._execute_here(op)
             self._complete(op, worker)
         return op
+
+    def _execute_here(self, op):
+        """Run op in this thread: a GPU's op inside its activation (as its worker runs)."""
+        if op.device.kind == "cpu":
+            self._execute(op)
+        else:
+            with _activation(op.device):
+                self._execute(op)
 
     def _register(self, op) -> int:
         """Link ``op`` after the ops it must follow; returns how many it waits for.
@@ -258,7 +267,8 @@ class Engine:
                 sys.setswitchinterval(self._switch_interval)
             n = self.workers_per_device if device.kind == "cpu" else 1
             for i in range(n):
-                t = threading.Thread(target=self._worker_loop, args=(worker, i, n),
+                loop = self._worker_loop if device.kind == "cpu" else self._gpu_worker_loop
+                t = threading.Thread(target=loop, args=(worker, i, n),
                                      name=f"hybrid-{device}-{i}", daemon=True)
                 worker.threads.append(t)
                 self._worker_threads.add(t)
@@ -266,6 +276,12 @@ class Engine:
         if device.kind == "cpu":
             _share_cores(sum(1 for d in self._workers if d.kind == "cpu"))
         return worker
+
+    def _gpu_worker_loop(self, worker: _Worker, index: int = 0, nthreads: int = 1):
+        """A GPU's worker (or its copy lane's) runs with the GPU activated: its ops queue their
+        kernels on the GPU's compute stream."""
+        with _activation(worker.device):
+            self._worker_loop(worker, index, nthreads)
 
     def _worker_loop(self, worker: _Worker, index: int = 0, nthreads: int = 1):
         lock = self._lock
@@ -365,6 +381,12 @@ class Engine:
                 self._wait_until(lambda: self._inflight == 0, timeout, "all ops")
             errors = self._unreported
             self._unreported = []
+            gpus = [d for d in self._workers if d.kind == "gpu"]
+        for d in gpus:  # a GPU's ops are done when queued: wait until its streams ran them
+            try:
+                d.synchronize(timeout)
+            except Exception as exc:  # noqa: BLE001 - reported with the engine's errors
+                errors.append(AsyncOpError(f"synchronize {d}", None, exc))
         if errors:
             first = errors[0]
             if len(errors) > 1:
@@ -476,6 +498,15 @@ class Engine:
                         "create a new Engine() (runtime.engine.set_engine) to run more ops")
 
 
+def _activation(device):
+    """``device.activate()``; for a GPU that cannot be activated (gone, or its emulation
+    switched off since), nothing: its ops then raise DeviceError themselves."""
+    try:
+        return device.activate()
+    except Exception:  # noqa: BLE001 - each op reports it
+        return contextlib.nullcontext()
+
+
 def _share_cores(n_cpu_devices: int):
     """Give each CPU device its share of cores for BLAS (never oversubscribe)."""
     threads = max(1, cpu_count() // max(1, n_cpu_devices))
@@ -553,7 +584,7 @@ _canonical: dict = {None: cpu(0)}
 
 def _canon(device: Device) -> Device:
     """One Device object per device, so the hot path compares with ``is``."""
-    if not isinstance(device, Device):
+    if not isinstance(device, (Device, CopyLane)):
         raise TypeError(f"device must be a hybrid Device (hb.cpu(i)/hb.gpu(i)), got {device!r}")
     return _canonical.setdefault(device, device)
 

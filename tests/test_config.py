@@ -24,6 +24,8 @@ GOOD = {  # flag -> (environment text, parsed value)
     "HYBRID_DIST_TIMEOUT": ("4", 4.0),
     "HYBRID_DIST_BUCKET_MB": ("0.5", 0.5),
     "HYBRID_HOST_POOL_MB": ("0", 0.0),
+    "HYBRID_GPU_EMULATE": ("2", 2),
+    "HYBRID_CUDA_GRAPHS": ("off", False),
 }
 BAD = {  # flag -> values that must be refused
     "HYBRID_ENGINE": ["eager", "1"],
@@ -37,6 +39,8 @@ BAD = {  # flag -> values that must be refused
     "HYBRID_DIST_TIMEOUT": ["soon", "0", "inf"],
     "HYBRID_DIST_BUCKET_MB": ["big", "-1"],
     "HYBRID_HOST_POOL_MB": ["lots", "-1", "inf"],
+    "HYBRID_GPU_EMULATE": ["two", "-1", "1.5"],
+    "HYBRID_CUDA_GRAPHS": ["sometimes"],
 }
 
 

@@ -1,0 +1,347 @@
+"""Emulated GPUs (``HYBRID_GPU_EMULATE=N``): the GPU seam on the CPU.
+
+Device memory is host memory (NumPy arrays; ``xp`` is NumPy), kernels are the CUDA C that
+would run on a GPU, built for the host by ``runtime.gpu.emu`` and launched through it, GEMM is
+NumPy's. What makes it a GPU to the code above is the stream model, kept exactly:
+
+- the compute stream runs its work in the thread that queues it, as eager NumPy ops run in the
+  engine's worker for the GPU; so a kernel queued there and an eager op after it keep
+  program order, as they would on one CUDA stream;
+- every other stream (the copy stream, ``new_stream``) is a queue with a worker thread of its
+  own: queuing returns at once, work runs in order, ``wait(event)`` holds the queue until the
+  event's position is reached, events complete as the worker passes them. A failed item
+  poisons the stream: the work queued behind it is skipped (it would read garbage), every
+  event after it carries the error, and the next ``synchronize()`` raises it (and clears it);
+- capture records the stream's work (launches, copies, GEMMs, event records and waits) instead
+  of running it; replay queues the recording again.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+
+import numpy as np
+
+from ..engine import WaitTimeout
+from . import seam
+from .seam import GPUError, wait_timeout
+
+_ALIGN = 256  # cudaMalloc's alignment: generated kernels may rely on it
+_IDLE_EXIT = 5.0  # seconds an idle stream worker lingers before its thread ends
+
+
+class _Mark:
+    """One recorded position: done once the stream's work before it ran; ``error``, the
+    failure that poisoned the stream before it, if any."""
+
+    __slots__ = ("done", "error", "where")
+
+    def __init__(self, where: str):
+        self.done = threading.Event()
+        self.error = None
+        self.where = where
+
+
+_DONE = _Mark("an event never recorded")
+_DONE.done.set()
+
+
+class EmulatedEvent(seam.Event):
+    __slots__ = ("_mark",)
+
+    def __init__(self):
+        self._mark = _DONE  # never recorded: done, as in CUDA
+
+    def query(self) -> bool:
+        return self._mark.done.is_set()
+
+    def synchronize(self, timeout=None):
+        _wait_mark(self._mark, timeout, "")
+
+
+def _wait_mark(mark: _Mark, timeout, who: str):
+    timeout = wait_timeout(timeout)
+    if not mark.done.wait(timeout):
+        raise WaitTimeout(f"{who}waited {timeout:g}s for {mark.where}")
+    if mark.error is not None:
+        raise GPUError(f"{who}work before {mark.where} failed: {mark.error}") from mark.error
+
+
+class EmulatedGraph(seam.Graph):
+    def __init__(self, stream, items):
+        self.stream, self.items = stream, list(items)
+
+    def replay(self, stream=None):
+        """Queue the recording; its event records and waits take their positions now, as
+        a CUDA graph launch's do."""
+        stream = stream or self.stream.gpu.compute_stream
+        for kind, label, payload in self.items:
+            if kind == "record":
+                stream.record(payload)
+            elif kind == "wait":
+                stream.wait(payload)
+            else:
+                stream._queue_item((kind, label, payload))
+
+    def __len__(self):
+        return len(self.items)
+
+
+class EmulatedStream(seam.Stream):
+    """One stream; see the module's docstring for its two kinds. Items queued are
+    ("run", label, fn), ("record", None, mark) and ("wait", None, mark)."""
+
+    def __init__(self, gpu, name: str, synchronous: bool):
+        self.gpu, self.name, self.synchronous = gpu, name, synchronous
+        self._cv = threading.Condition(threading.Lock())
+        self._run_lock = threading.RLock()  # the synchronous kind: held while work runs
+        self._items = collections.deque()
+        self._running = 0  # items taken by the worker and not finished
+        self._thread = None
+        self._error = None
+        self._capture = None  # the recording while capturing: (kind, label, fn or event)
+
+    # ------------------------------------------------------------- queueing
+    def submit(self, label: str, fn):
+        """Queue ``fn()`` (one launch, copy, ...); ``label`` names it in errors."""
+        self._queue_item(("run", label, fn))
+
+    def _queue_item(self, item):
+        with self._cv:
+            if self._capture is not None:
+                self._capture.append(item)
+                return
+            if not self.synchronous:
+                self._items.append(item)
+                if self._thread is None:
+                    self._thread = threading.Thread(
+                        target=self._work, daemon=True,
+                        name=f"hybrid-emulated-gpu{self.gpu.index}-{self.name}")
+                    self._thread.start()
+                else:
+                    self._cv.notify_all()
+                return
+        kind, label, payload = item
+        with self._run_lock:  # synchronous: here, now, after the work running already
+            if kind == "run":
+                try:
+                    payload()
+                except Exception as exc:
+                    raise GPUError(f"{label} on {self} failed: {type(exc).__name__}: "
+                                   f"{exc}") from exc
+            elif kind == "record":
+                payload.done.set()
+            else:
+                _wait_mark(payload, None, f"{self} ")
+
+    def _work(self):
+        cv, items = self._cv, self._items
+        while True:
+            with cv:
+                while not items:
+                    if not cv.wait(_IDLE_EXIT) and not items:
+                        self._thread = None  # the next item starts a new worker
+                        return
+                kind, label, payload = items.popleft()
+                self._running += 1
+                error = self._error
+            try:
+                if kind == "record":
+                    payload.error = error
+                    payload.done.set()
+                elif error is not None:
+                    pass  # poisoned: skipped until synchronize() reports the error
+                elif kind == "run":
+                    payload()
+                else:
+                    _wait_mark(payload, None, f"{self} ")
+            except Exception as exc:  # noqa: BLE001 - raised by synchronize / later events
+                if kind == "run":
+                    exc = GPUError(f"{label} on {self} failed: {type(exc).__name__}: {exc}")
+                with cv:
+                    self._error = exc
+            with cv:
+                self._running -= 1
+                if not items and not self._running:
+                    cv.notify_all()
+
+    # ------------------------------------------------------------- events
+    def record(self, event=None):
+        event = event or EmulatedEvent()
+        if self._capture is not None:  # takes its position when the graph is replayed
+            self._capture.append(("record", None, event))
+            return event
+        mark = event._mark = _Mark(f"an event on {self}")
+        self._queue_item(("record", None, mark))
+        return event
+
+    def wait(self, event):
+        if self._capture is not None:
+            self._capture.append(("wait", None, event))
+            return
+        self._queue_item(("wait", None, event._mark))  # the position recorded by now
+
+    def query(self) -> bool:
+        if self.synchronous:
+            if not self._run_lock.acquire(blocking=False):
+                return False
+            self._run_lock.release()
+            return True
+        with self._cv:
+            return not self._items and not self._running
+
+    def synchronize(self, timeout=None):
+        if self._capture is not None:
+            raise GPUError(f"synchronize() on {self} while it captures a graph (CUDA refuses "
+                           "it too): end_capture() first")
+        timeout = wait_timeout(timeout)
+        if self.synchronous:
+            if not self._run_lock.acquire(timeout=timeout):
+                raise WaitTimeout(f"waited {timeout:g}s for {self}")
+            self._run_lock.release()
+            return
+        with self._cv:
+            if not self._cv.wait_for(lambda: not self._items and not self._running, timeout):
+                raise WaitTimeout(f"waited {timeout:g}s for {self} ({len(self._items)} "
+                                  "item(s) queued)")
+            error, self._error = self._error, None
+        if error is not None:
+            raise GPUError(f"{self}: {error}") from error
+
+    # ------------------------------------------------------------- capture
+    def begin_capture(self):
+        with self._cv:
+            if self._capture is not None:
+                raise GPUError(f"{self} is capturing already")
+            self._capture = []
+
+    def end_capture(self):
+        with self._cv:
+            if self._capture is None:
+                raise GPUError(f"end_capture() on {self}, which is not capturing")
+            items, self._capture = self._capture, None
+        return EmulatedGraph(self, items)
+
+
+class EmulatedModule(seam.Module):
+    def __init__(self, gpu, name, built):
+        self.gpu, self.name, self._built = gpu, name, built
+
+    def launch(self, kernel_name, grid, block, shared_bytes, args, stream=None):
+        args = seam.check_launch_args(args)
+        keep = []  # the arrays whose addresses are passed: alive until the launch ran
+        conv = []
+        for a in args:
+            if isinstance(a, np.ndarray):
+                if not a.flags.c_contiguous:
+                    raise ValueError(f"launch {kernel_name}: array arguments must be "
+                                     "C-contiguous")
+                keep.append(a)
+                conv.append(a.__array_interface__["data"][0])
+            elif isinstance(a, seam.DeviceBuffer):
+                if a._mem is None:
+                    raise GPUError(f"launch {kernel_name}: {a!r} was freed")
+                keep.append(a._mem)
+                conv.append(a.ptr)
+            else:
+                conv.append(a)
+        built = self._built
+        grid, block = _dims(grid), _dims(block)
+
+        def run(keep=keep):
+            built.launch(kernel_name, grid, block, int(shared_bytes), conv)
+
+        (stream or self.gpu.compute_stream).submit(f"kernel {kernel_name} ({self.name})", run)
+
+
+def _dims(d):
+    d = (int(d),) if isinstance(d, (int, np.integer)) else tuple(int(x) for x in d)
+    return (d + (1, 1))[:3]
+
+
+def _build(cuda_source: str):
+    """The emulator's module of ``cuda_source`` (it caches them, in memory and on disk)."""
+    try:
+        from .emu.build import build_module  # noqa: PLC0415 - built only when a kernel is
+    except ImportError as exc:
+        raise GPUError("load_module on an emulated GPU needs runtime.gpu.emu (the CUDA C "
+                       f"emulator), which does not import: {exc}") from exc
+    return build_module(cuda_source)
+
+
+class EmulatedGPU(seam.GPU):
+    implementation = "emulated"
+    xp = np
+
+    def __init__(self, index: int):
+        self.index = index
+        self.compute_stream = EmulatedStream(self, "compute", synchronous=True)
+        self.copy_stream = EmulatedStream(self, "copy", synchronous=False)
+        self._streams = [self.compute_stream, self.copy_stream]
+
+    # memory
+    def alloc(self, nbytes):
+        nbytes = int(nbytes)
+        raw = np.empty(nbytes + _ALIGN, dtype=np.uint8)
+        off = (-raw.__array_interface__["data"][0]) % _ALIGN
+        mem = raw[off:off + nbytes]
+        return seam.DeviceBuffer(self, nbytes, mem.__array_interface__["data"][0], mem)
+
+    def _view(self, mem, shape, dtype, offset):
+        n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        return mem[offset:offset + n].view(dtype).reshape(shape)
+
+    def empty(self, shape, dtype):
+        return np.empty(tuple(shape), dtype=np.dtype(dtype))
+
+    # copies: one memcpy each, queued on the stream
+    def _copy(self, what, dst, src, stream):
+        dst, src = _array(dst), _array(src)
+        self.check_copy(what, dst, src)
+        (stream or self.copy_stream).submit(what, lambda: np.copyto(dst, src))
+
+    def copy_h2d(self, dst, src, stream=None):
+        self._copy("copy host->device", dst, src, stream)
+
+    def copy_d2h(self, dst, src, stream=None):
+        self._copy("copy device->host", dst, src, stream)
+
+    def copy_d2d(self, dst, src, stream=None):
+        self._copy("copy device->device", dst, src, stream)
+
+    # streams
+    def new_stream(self, name="stream"):
+        s = EmulatedStream(self, name, synchronous=False)
+        self._streams.append(s)
+        return s
+
+    def new_event(self):
+        return EmulatedEvent()
+
+    def synchronize(self, timeout=None):
+        for s in list(self._streams):
+            s.synchronize(timeout)
+
+    def activate(self):
+        return seam.NOTHING
+
+    # kernels, BLAS
+    def load_module(self, cuda_source, name="module"):
+        return EmulatedModule(self, name, _build(cuda_source))
+
+    def gemm(self, a, b, out, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, stream=None):
+        self.check_gemm(a, b, out, trans_a, trans_b)
+
+        def run():
+            prod = np.matmul(a.T if trans_a else a, b.T if trans_b else b)
+            if alpha != 1.0:
+                prod *= out.dtype.type(alpha)
+            if beta != 0.0:
+                prod += out.dtype.type(beta) * out
+            out[...] = prod
+
+        (stream or self.compute_stream).submit("gemm", run)
+
+
+def _array(x):
+    return x._mem if isinstance(x, seam.DeviceBuffer) else x
