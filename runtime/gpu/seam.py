@@ -191,7 +191,9 @@ class GPU(abc.ABC):
 
     def to_device(self, host) -> object:
         """A copy of host array ``host`` on this GPU, there when this returns."""
-        host = np.ascontiguousarray(host)
+        host = np.asarray(host)
+        if not host.flags.c_contiguous:  # (ascontiguousarray would make a 0-d array 1-d)
+            host = np.ascontiguousarray(host)
         out = self.empty(host.shape, host.dtype)
         stream = self.copy_stream
         self.copy_h2d(out, host, stream)
