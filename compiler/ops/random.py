@@ -65,7 +65,7 @@ def _uniform_impl(xp, key, shape, low=0.0, high=1.0, dtype="float32"):
     u = uniform01(xp, key, n, 0, dtype if dtype == "float64" else "float32")
     out = (u * (high - low) + low).astype(dtype)
     # rounding to a narrow dtype (float16) can reach `high`: keep the interval half-open
-    below = np.nextafter(np.asarray(high, dtype), np.asarray(low, dtype))
+    below = xp.asarray(np.nextafter(np.asarray(high, dtype), np.asarray(low, dtype)))
     return xp.minimum(out, below).reshape(shape)
 
 
