@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 import os
 import struct
-import tempfile
 
 import numpy as np
+
+from runtime.atomic import write_bytes
 
 from .ndarray import NDArray, array
 
@@ -51,21 +52,7 @@ def write_safetensors(path, arrays: dict, meta: dict | None = None):
     meta["keys"] = list(tensors)  # safetensors sorts its entries; keep the caller's order
     metadata = {_META_KEY: json.dumps(meta, sort_keys=True)}
     blob = _st_save(tensors, metadata=metadata)
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp",
-                               dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(blob)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_bytes(path, blob)
 
 
 def _validate(blob: bytes, path: str) -> dict:

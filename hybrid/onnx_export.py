@@ -13,8 +13,6 @@ int array plus a float array, true division of integers), so operands are Cast f
 """
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +20,7 @@ import numpy as np
 from compiler.graph import NodeRef
 from compiler.ops import REGISTRY, result_dtype
 from compiler.ops.movement import normalize_slice
+from runtime.atomic import write_bytes
 
 OPSET = 17
 IR_VERSION = 8  # what opset 17 needs; readable by every onnxruntime since 1.13
@@ -111,28 +110,13 @@ def export_onnx(block, path, example_inputs=None, opset: int = OPSET, check: boo
             onnx.checker.check_model(model, full_check=True)
         except Exception as exc:  # noqa: BLE001 - the checker's own error types
             raise OnnxExportError(f"ONNX export: the model fails onnx.checker: {exc}") from None
-    _write_atomically(Path(path), model.SerializeToString())
+    write_bytes(Path(path), model.SerializeToString())
     return path
 
 
 def _version():
     from .deploy import PRODUCER  # noqa: PLC0415
     return PRODUCER.split()[-1]
-
-
-def _write_atomically(path: Path, data: bytes):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
 
 
 def _tt(dtype: str) -> int:

@@ -17,8 +17,9 @@ import os
 import re
 import shutil
 import stat
-import tempfile
 from pathlib import Path
+
+from .atomic import make_staging_dir, publish_dir, sweep_dead, temp_sibling
 
 FORMAT = "hybrid.artifact"
 FORMAT_VERSION = 1
@@ -62,8 +63,7 @@ def write_artifact(path, parts: dict, manifest: dict) -> Path:
     doc = dict(manifest)
     doc.update({"format": FORMAT, "format_version": FORMAT_VERSION,
                 "parts": {n: {"sha256": _sha256(b), "bytes": len(b)} for n, b in parts.items()}})
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    tmp = make_staging_dir(path, "tmp")
     try:
         for name, data in list(parts.items()) + [(MANIFEST, json.dumps(doc, indent=1,
                                                                         sort_keys=True).encode())]:
@@ -79,26 +79,15 @@ def write_artifact(path, parts: dict, manifest: dict) -> Path:
 
 
 def staging_path(path) -> Path:
-    """A fresh sibling directory name to write an artifact to before :func:`publish`."""
+    """A fresh sibling directory name to write an artifact to before :func:`publish` (what
+    a dead writer left beside ``path`` is removed first)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.staging-", dir=path.parent))
-    tmp.rmdir()
-    return tmp
+    sweep_dead(path)
+    return temp_sibling(path, "staging")
 
 
-def publish(staged, path):
-    """Move the complete artifact directory ``staged`` to ``path`` (replacing an old one)."""
-    staged, path = Path(staged), Path(path)
-    old = None
-    if path.exists() or path.is_symlink():
-        old = path.with_name(f".{path.name}.old-{os.getpid()}")
-        if old.exists():
-            shutil.rmtree(old, ignore_errors=True)
-        os.replace(path, old)
-    os.replace(staged, path)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+publish = publish_dir  # move a complete artifact directory into place
 
 
 def parse_json(raw: bytes, what: str, max_depth: int = MAX_JSON_DEPTH):

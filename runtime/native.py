@@ -20,15 +20,14 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import json
-import os
 import re
-import tempfile
 import threading
 import time
 import warnings
 from pathlib import Path
 
 from . import config
+from .atomic import write_bytes
 
 FORMAT = "hybrid-llvm-object/1"
 OPT_PIPELINE = "O3+vectorize,no-unroll,no-interleave"  # part of the cache key
@@ -209,7 +208,7 @@ def _dump(where: Path, name: str, ir_text: str, opt_text: str, asm: str):
     where.mkdir(parents=True, exist_ok=True)
     stem = re.sub(r"[^A-Za-z0-9_.-]", "_", name)
     for suffix, text in ((".ll", ir_text), (".opt.ll", opt_text), (".s", asm)):
-        _atomic_write(where / f"{stem}{suffix}", text.encode())
+        write_bytes(where / f"{stem}{suffix}", text.encode(), fsync=False)
     _log().info("%s: dumped %s.{ll,opt.ll,s} to %s", name, stem, where)
 
 
@@ -274,24 +273,9 @@ def _write_cache(path: Path, record: dict, obj: bytes):
     header = {"key": record, "sha256": hashlib.sha256(obj).hexdigest(), "size": len(obj)}
     data = json.dumps(header, sort_keys=True).encode() + b"\n" + obj
     try:
-        _atomic_write(path, data)
+        write_bytes(path, data, fsync=False)  # a lost entry only costs a recompile
     except OSError as exc:  # a read-only or full cache directory only costs a recompile
         _log().warning("could not write compile cache entry %s: %s", path, exc)
-
-
-def _atomic_write(path: Path, data: bytes):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 def clear_memory_cache():
