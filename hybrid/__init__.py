@@ -14,7 +14,7 @@ from .ndarray import NDArray, apply, array, asarray, waitall
 from .benchmark import Benchmark
 
 __version__ = "0.1.0"
-np = __import__("sys").modules[__name__]  # `hb.np.tanh` reads like MXNet's `mx.np.tanh`
+from . import context, linalg, np  # the book's mx.context, np.linalg and np (hybrid/np.py)
 from .tracing import TraceError, explain, hybridize
 from . import deploy
 from .deploy import load
@@ -23,3 +23,4 @@ from .trainer import Trainer
 from . import kv, parallel
 from .parallel import split_and_load, split_batch
 from .checkpoint import save, load_arrays
+from . import gluon  # the book's gluon: the same nn, loss, data, Trainer (hybrid/gluon/)

@@ -168,6 +168,10 @@ class NDArray:
     def __str__(self):
         return str(self.asnumpy())
 
+    def __format__(self, spec):
+        """As NumPy: ``f"{x:.2f}"`` formats a 0-d array's value; ``f"{x}"`` prints any."""
+        return format(self.asnumpy(), spec)
+
     def __hash__(self):
         return id(self)
 
@@ -810,7 +814,8 @@ def log_softmax(x, axis=-1): return _composite.log_softmax(F, x, axis)
 
 
 def one_hot(indices, depth, on_value=1.0, off_value=0.0, dtype="float32"):
-    return _composite.one_hot(F, indices, depth, on_value, off_value, dtype_name(dtype))
+    with indices.device:  # the positions it compares with are made where the indices are
+        return _composite.one_hot(F, indices, depth, on_value, off_value, dtype_name(dtype))
 
 
 def take(x, indices, axis=0, mode="raise"):

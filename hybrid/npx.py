@@ -1,13 +1,65 @@
 """Functional neural-network ops with MXNet's ``npx`` names and keywords (the book's 12.5
-LeNet uses them). Each is a thin name over registry ops, so it hybridizes."""
+LeNet uses them). Each is a thin name over registry ops, so it hybridizes.
+
+The book's other ``npx`` names are here too, as aliases of the one implementation: devices
+(``npx.cpu``, ``npx.gpu``, ``npx.num_gpus``: whatever ``hybrid.cpu`` ... are), ``waitall``,
+``stop_gradient``, array files (``save``/``load``) and ``set_np`` (see docs/book.md)."""
 from __future__ import annotations
+
+import math
+import sys
 
 import numpy as np
 
 from compiler.ops import composite as _c
 
 from . import _state
-from .ndarray import F, apply, pick, one_hot  # noqa: F401 - re-exported npx names
+from .checkpoint import load_arrays as _load_arrays, save  # noqa: F401 - npx.save
+from .ndarray import F, NDArray, apply, pick, one_hot, stop_gradient, waitall  # noqa: F401
+
+# Device names are hybrid's own (hybrid/__init__.py decides what ``hybrid.num_gpus`` is);
+# looked up at use, so this module never holds a second copy of them.
+_DEVICE_NAMES = ("cpu", "gpu", "num_gpus", "current_device")
+
+
+def __getattr__(name):
+    if name in _DEVICE_NAMES:
+        return getattr(sys.modules["hybrid"], name)
+    if name == "current_context":
+        return sys.modules["hybrid"].current_device
+    raise AttributeError(f"module 'hybrid.npx' has no attribute {name!r}")
+
+
+def set_np(shape=True, array=True, dtype=False):
+    """MXNet's switch to NumPy semantics. hybrid has no other semantics, so this changes
+    nothing; it exists so the book's ``npx.set_np()`` runs. ``dtype=True`` (MXNet's float64
+    defaults, as in NumPy) is refused: hybrid's defaults stay float32 (docs/book.md)."""
+    if dtype:
+        raise ValueError("npx.set_np(dtype=True): hybrid keeps MXNet's float32 defaults "
+                         "(np.arange, np.array of Python data, ...); pass dtype= to the "
+                         "functions that should make float64 arrays")
+    if not (shape and array):
+        raise ValueError("npx.set_np(shape=False / array=False): the legacy (non-NumPy) "
+                         "array semantics of MXNet 1.x are not part of hybrid")
+
+
+def reset_np():
+    """MXNet's way back to legacy semantics; hybrid has only NumPy's (nothing to reset)."""
+
+
+def is_np_array() -> bool:
+    return True
+
+
+def is_np_shape() -> bool:
+    return True
+
+
+def load(fname):
+    """Arrays saved by ``npx.save``, as MXNet returns them: a dict for a saved dict, else a
+    list (one saved array comes back as a list of one, as the book prints it)."""
+    out = _load_arrays(fname)
+    return [out] if isinstance(out, NDArray) else out
 
 
 def relu(data): return apply("relu", (data,), {})
@@ -115,6 +167,106 @@ def embedding(data, weight, input_dim=None, output_dim=None):
 
 
 def gelu(x): return _c.gelu(F, x)
+
+
+def batch_dot(a, b, transpose_a=False, transpose_b=False):
+    return _c.batch_dot(F, a, b, transpose_a, transpose_b)
+
+
+def batch_flatten(data):
+    """(N, ...) -> (N, prod(...))."""
+    return _c.flatten(F, data)
+
+
+def sequence_mask(data, sequence_length=None, use_sequence_length=False, value=0.0, axis=0):
+    """Entries past each sequence's length (along ``axis``: 0 for (seq, batch, ...), 1 for
+    (batch, seq, ...)) replaced by ``value``; the data unchanged without use_sequence_length."""
+    if not use_sequence_length:
+        return data
+    if sequence_length is None:
+        raise ValueError("sequence_mask: use_sequence_length=True needs sequence_length")
+    with data.device:  # the positions are made where the data is
+        return _c.sequence_mask(F, data, sequence_length, value, axis)
+
+
+def topk(data, axis=-1, k=1, ret_typ="indices", is_ascend=False, dtype="float32"):
+    """The k largest (``is_ascend``: smallest) entries along ``axis``: their indices (as
+    ``dtype``, float32 by default as in MXNet), values, a 0/1 mask, or (values, indices)."""
+    with data.device:
+        return _c.topk(F, data, axis, k, ret_typ, is_ascend, dtype)
+
+
+def reshape(a, newshape, reverse=False, order="C"):
+    """MXNet's npx.reshape: NumPy's reshape plus special codes. -1 infers a dimension; -2
+    copies the next input dimension; -3 drops the next input dimension, which must be 1; -4
+    copies all remaining input dimensions; -5 merges the next two input dimensions; -6
+    splits the next input dimension into the two codes after it (one may be -1).
+    ``reverse=True`` matches the codes to the input dimensions from the right."""
+    if order != "C":
+        raise ValueError(f"npx.reshape: only order='C' is supported, got {order!r}")
+    return a.reshape(_special_shape(tuple(a.shape), newshape, reverse))
+
+
+def _special_shape(src, codes, reverse):
+    codes = (codes,) if isinstance(codes, int) else tuple(int(c) for c in codes)
+    if reverse:
+        src, codes = src[::-1], codes[::-1]
+    out, i, j = [], 0, 0
+
+    def need(n, code):
+        if i + n > len(src):
+            raise ValueError(f"npx.reshape: code {code} needs {n} more input dimension(s), "
+                             f"but input shape {src} has run out")
+
+    while j < len(codes):
+        c = codes[j]
+        if c > 0 or c == -1:
+            out.append(c)
+            i += 1
+        elif c == -2:
+            need(1, c)
+            out.append(src[i])
+            i += 1
+        elif c == -3:
+            need(1, c)
+            if src[i] != 1:
+                raise ValueError(f"npx.reshape: -3 skips a dimension of size 1, but input "
+                                 f"dimension {i} of {src} is {src[i]}")
+            i += 1
+        elif c == -4:
+            out.extend(src[i:])
+            i = len(src)
+        elif c == -5:
+            need(2, c)
+            out.append(src[i] * src[i + 1])
+            i += 2
+        elif c == -6:
+            need(1, c)
+            if j + 2 >= len(codes):
+                raise ValueError("npx.reshape: -6 must be followed by the two sizes to split "
+                                 "into")
+            d0, d1 = codes[j + 1], codes[j + 2]
+            if d0 == -1:
+                d0 = src[i] // d1
+            elif d1 == -1:
+                d1 = src[i] // d0
+            if d0 * d1 != src[i]:
+                raise ValueError(f"npx.reshape: cannot split dimension {src[i]} into "
+                                 f"({codes[j + 1]}, {codes[j + 2]})")
+            out.extend((d0, d1))
+            i += 1
+            j += 2
+        else:
+            raise ValueError(f"npx.reshape: unknown special code {c} in {codes}")
+        j += 1
+    if -1 in out:  # the one inferred dimension, from what the others leave
+        known = math.prod(d for d in out if d != -1)
+        total = math.prod(src)
+        if out.count(-1) > 1 or known == 0 or total % known:
+            raise ValueError(f"npx.reshape: cannot infer the -1 of {tuple(codes)} for input "
+                             f"shape {src}")
+        out[out.index(-1)] = total // known
+    return tuple(out[::-1]) if reverse else tuple(out)
 
 
 def _pair(v):

@@ -85,6 +85,40 @@ def normal(loc=0.0, scale=1.0, size=None, dtype=None, device=None, ctx=None):
                       "dtype": dtype or "float32"})
 
 
+def rand(*size, dtype=None, device=None, ctx=None):
+    """Uniform in [0, 1) of shape ``size`` (NumPy's and MXNet's ``rand(2, 5)``)."""
+    return uniform(0.0, 1.0, size=size, dtype=dtype, device=device, ctx=ctx)
+
+
+def randn(*size, dtype=None, device=None, ctx=None):
+    """Standard normal of shape ``size`` (NumPy's and MXNet's ``randn(2, 5)``)."""
+    return normal(0.0, 1.0, size=size, dtype=dtype, device=device, ctx=ctx)
+
+
+def multinomial(n, pvals, size=None, device=None, ctx=None):
+    """Counts of ``n`` draws among ``len(pvals)`` categories (int64, shape ``size + (k,)``),
+    as NumPy's. Composed from registry ops: each draw is a uniform number placed among the
+    cumulative probabilities, so it hybridizes and follows the seed like every other draw."""
+    from .ndarray import cumsum, one_hot, sum as _sum  # noqa: PLC0415 - ndarray is loaded
+    if int(n) < 0:
+        raise ValueError(f"multinomial: n must be >= 0, got {n!r}")
+    if not isinstance(pvals, NDArray):
+        p = np.asarray(pvals, dtype=np.float64)
+        if p.ndim != 1 or p.size == 0:
+            raise ValueError(f"multinomial: pvals must be a non-empty 1-d sequence, got "
+                             f"shape {p.shape}")
+        if np.any(p < 0) or np.any(p > 1) or p[:-1].sum() > 1.0 + 1e-12:
+            raise ValueError("multinomial: pvals must lie in [0, 1] and sum(pvals[:-1]) "
+                             "must not exceed 1 (the last category takes the remainder)")
+        pvals = p
+    device = parse_device(device or ctx)
+    k = len(pvals)
+    cdf = cumsum(array(pvals, dtype="float64", device=device))[:-1]
+    u = uniform(size=_shape(size) + (int(n),), dtype="float64", device=device)
+    category = _sum(u.reshape(u.shape + (1,)) >= cdf, axis=-1)  # how many bounds u passed
+    return _sum(one_hot(category, k, dtype="int64"), axis=-2)
+
+
 def randint(low, high=None, size=None, dtype=None, device=None, ctx=None):
     if high is None:
         low, high = 0, low
@@ -106,5 +140,3 @@ def permutation(n: int, device=None) -> np.ndarray:
     return np.argsort(np.asarray(uniform(size=(n,), device=device, dtype="float64")),
                       kind="stable")
 
-
-rand = uniform

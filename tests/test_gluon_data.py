@@ -5,6 +5,7 @@ import struct
 import threading
 import time
 import urllib.error
+import urllib.request
 
 import numpy as np
 import pytest
@@ -303,7 +304,7 @@ def test_missing_files_without_network_say_what_to_do(tmp_path, monkeypatch):
     def offline(url, timeout=None):
         raise urllib.error.URLError("network is unreachable")
 
-    monkeypatch.setattr(vision.urllib.request, "urlopen", offline)
+    monkeypatch.setattr(urllib.request, "urlopen", offline)
     with pytest.raises(RuntimeError, match="could not be downloaded.*copy them into"):
         vision.FashionMNIST(root=tmp_path / "none", train=False)
 
@@ -332,7 +333,7 @@ def test_download_when_absent(tmp_path, monkeypatch):
         fetched.append(url)
         return Resp((src / url.rsplit("/", 1)[1]).read_bytes())
 
-    monkeypatch.setattr(vision.urllib.request, "urlopen", fake)
+    monkeypatch.setattr(urllib.request, "urlopen", fake)
     ds = vision.FashionMNIST(root=tmp_path / "dl", train=False)
     assert len(ds) == 5 and len(fetched) == 2
     np.testing.assert_array_equal(ds.label, labels)

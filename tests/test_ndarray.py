@@ -100,7 +100,7 @@ def test_like_functions():
 
 def test_arange_linspace_eye():
     assert_same(hb.arange(5), np.arange(5))
-    assert hb.arange(5).dtype == np.int64  # integers: int64, as NumPy
+    assert hb.arange(5).dtype == np.float32  # float32 by default, as MXNet (docs/book.md)
     assert_same(hb.arange(1, 10, 3), np.arange(1, 10, 3))
     assert_same(hb.arange(5, 0, -2), np.arange(5, 0, -2))
     x = hb.arange(0.0, 1.0, 0.25)

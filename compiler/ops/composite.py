@@ -180,6 +180,135 @@ def repeat(F, x, repeats, axis=None):
     return F.reshape(x, shape=shape[:axis] + (shape[axis] * repeats,) + shape[axis + 1:])
 
 
+_SCAN_BLOCK = 256  # elements summed by one triangular matmul (a 256 x 256 mask: 64K values)
+
+
+def cumsum(F, x, axis=None, dtype=None):
+    """NumPy's cumsum, composed: a prefix sum is a product with a triangular matrix of ones,
+    taken per block of ``_SCAN_BLOCK`` with the blocks' totals scanned the same way (work
+    O(n * block), memory O(n)). No scan primitive is needed, so gradients (the reversed
+    scan) and code generation come from matmul, slice and add. Bool and small integers add
+    up in int64, as in NumPy."""
+    dt = spec_of(x).dtype
+    if dtype is not None:
+        dt = dtype
+    elif dt in ("bool", "int8", "uint8", "int32"):
+        dt = "int64"
+    if spec_of(x).dtype != dt:
+        x = F.cast(x, dtype=dt)
+    if axis is None:
+        x = F.reshape(x, shape=(int(math.prod(_shape(x))),))
+        axis = 0
+    nd = len(_shape(x))
+    if nd == 0:
+        return F.reshape(x, shape=(1,))  # NumPy: the 0-d array as a 1-element prefix sum
+    axis = normalize_axis(axis, nd, "cumsum")[0]
+    if axis != nd - 1:
+        x = swapaxes(F, x, axis, -1)
+    out = _cumsum_last(F, x, dt)
+    return swapaxes(F, out, axis, -1) if axis != nd - 1 else out
+
+
+def _upper_ones(F, n, dtype):
+    """U with U[j, i] = 1 where j <= i: (x @ U)[i] = x[0] + ... + x[i]."""
+    pos = F.arange(start=0, stop=n, step=1, dtype="int64")
+    return F.cast(F.le(F.reshape(pos, shape=(n, 1)), F.reshape(pos, shape=(1, n))), dtype=dtype)
+
+
+def _last(F, x, lo, hi):
+    shape = _shape(x)
+    nd = len(shape)
+    return F.slice(x, begin=(0,) * (nd - 1) + (lo,), end=shape[:-1] + (hi,), step=(1,) * nd)
+
+
+def _cumsum_last(F, x, dt):
+    shape = _shape(x)
+    n, lead = shape[-1], shape[:-1]
+    if not lead:  # the matmul primitive takes matrices
+        return F.reshape(_cumsum_last(F, F.reshape(x, shape=(1, n)), dt), shape=(n,))
+    if n <= _SCAN_BLOCK:
+        return F.matmul(x, _upper_ones(F, n, dt))
+    b = _SCAN_BLOCK
+    m = -(-n // b)
+    if m * b != n:
+        x = F.concatenate(x, F.full(shape=lead + (m * b - n,), value=0, dtype=dt), axis=-1)
+    inner = F.matmul(F.reshape(x, shape=lead + (m, b)), _upper_ones(F, b, dt))
+    totals = F.reshape(_last(F, inner, b - 1, b), shape=lead + (m,))
+    before = F.sub(_cumsum_last(F, totals, dt), totals)  # the sum of the earlier blocks
+    out = F.add(inner, F.reshape(before, shape=lead + (m, 1)))
+    return _last(F, F.reshape(out, shape=lead + (m * b,)), 0, n)
+
+
+def batch_dot(F, a, b, transpose_a=False, transpose_b=False):
+    """MXNet's batch_dot: matmul over the last two axes, either operand transposed first."""
+    if transpose_a:
+        a = swapaxes(F, a, -1, -2)
+    if transpose_b:
+        b = swapaxes(F, b, -1, -2)
+    return F.matmul(a, b)
+
+
+def sequence_mask(F, data, length, value=0.0, axis=0):
+    """MXNet's SequenceMask: along ``axis`` (0: (seq, batch, ...); 1: (batch, seq, ...)),
+    entries at positions >= length[b] become ``value``."""
+    shape = _shape(data)
+    nd = len(shape)
+    if axis not in (0, 1) or nd < 2:
+        raise ValueError(f"sequence_mask: axis must be 0 or 1 of a 2+-d array, got axis={axis} "
+                         f"for shape {shape}")
+    batch = 1 - axis
+    if _shape(length) != (shape[batch],):
+        raise ValueError(f"sequence_mask: sequence_length must have shape ({shape[batch]},) "
+                         f"(the batch axis {batch} of {shape}), got {_shape(length)}")
+    pos = F.arange(start=0, stop=shape[axis], step=1, dtype=spec_of(length).dtype)
+    pos = F.reshape(pos, shape=tuple(shape[axis] if i == axis else 1 for i in range(nd)))
+    length = F.reshape(length, shape=tuple(shape[batch] if i == batch else 1
+                                            for i in range(nd)))
+    return F.where(F.lt(pos, length), data, value)
+
+
+def topk(F, data, axis=-1, k=1, ret_typ="indices", is_ascend=False, dtype="float32"):
+    """MXNet's topk, composed: k rounds of argmax (argmin when ascending), each masking the
+    position it found, so ties go to the first position as in a stable sort. Values come by
+    ``pick``, which carries the gradient. k < 1 sorts the whole axis (k = its length)."""
+    if ret_typ not in ("value", "indices", "mask", "both"):
+        raise ValueError(f"topk: ret_typ must be 'value', 'indices', 'mask' or 'both', got "
+                         f"{ret_typ!r}")
+    shape = _shape(data)
+    nd = len(shape)
+    axis = normalize_axis(axis, nd, "topk")[0]
+    n = shape[axis]
+    k = n if k < 1 else int(k)
+    if k > n:
+        raise ValueError(f"topk: k={k} is larger than axis {axis} of length {n}")
+    x = swapaxes(F, data, axis, -1) if axis != nd - 1 else data
+    dt = spec_of(data).dtype
+    # the search runs on a float copy, where a found position can be masked with -inf (+inf)
+    work = x if dt.startswith("float") else F.cast(x, dtype="float64")
+    find, fill = (F.argmin, float("inf")) if is_ascend else (F.argmax, float("-inf"))
+    found, hots = [], []
+    for _ in range(k):
+        i = find(work, axis=-1)
+        hot = one_hot(F, i, n, dtype="bool")
+        work = F.where(hot, fill, work)
+        found.append(i)
+        hots.append(hot)
+    back = (lambda v: swapaxes(F, v, axis, -1)) if axis != nd - 1 else (lambda v: v)
+    if ret_typ == "mask":
+        mask = hots[0]
+        for hot in hots[1:]:
+            mask = F.logical_or(mask, hot)
+        return back(F.cast(mask, dtype=dt))
+    idx = stack(F, found, axis=-1)
+    values = stack(F, [F.pick(x, i, axis=-1) for i in found], axis=-1)
+    indices = back(F.cast(idx, dtype=dtype) if dtype != "int64" else idx)
+    if ret_typ == "indices":
+        return indices
+    if ret_typ == "value":
+        return back(values)
+    return back(values), indices
+
+
 def linear(F, x, weight, bias=None, flatten_input=True):
     """Gluon's Dense: x @ weight.T + bias, weight of shape (units, in_units)."""
     if flatten_input and len(_shape(x)) != 2:

@@ -211,10 +211,17 @@ _binary("floordiv", lambda xp, x, y: xp.floor_divide(x, y), lambda b, x, y: b.fl
 _binary("mod", lambda xp, x, y: xp.mod(x, y), lambda b, x, y: b.mod(x, y),
         lambda F, i, out, g: _grads2(F, i, g, F.neg(F.mul(g, F.floordiv(i[0], i[1])))),
         doc="x % y with the sign of y, as NumPy")
-_binary("pow", lambda xp, x, y: xp.power(x, y), lambda b, x, y: b.pow(x, y),
-        lambda F, i, out, g: _grads2(
-            F, i, F.mul(g, F.mul(i[1], F.pow(i[0], F.sub(i[1], 1)))),
-            None if is_scalar(i[1]) else F.mul(g, F.mul(out, F.log(i[0])))),
+def _pow_grad(F, i, out, g):
+    x, y = i
+    # A scalar exponent's y - 1 is Python arithmetic: as an op on two scalars it would be an
+    # int64 array, which promotes a float32 x ** (y - 1) to float64 (and with it every
+    # gradient upstream: conv2d_grad_data then refused float64 g with float32 weights)
+    y1 = y - 1 if is_scalar(y) else F.sub(y, 1)
+    return _grads2(F, i, F.mul(g, F.mul(y, F.pow(x, y1))),
+                   None if is_scalar(y) else F.mul(g, F.mul(out, F.log(x))))
+
+
+_binary("pow", lambda xp, x, y: xp.power(x, y), lambda b, x, y: b.pow(x, y), _pow_grad,
         doc="x ** y")
 
 

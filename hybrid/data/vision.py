@@ -13,9 +13,6 @@ from __future__ import annotations
 import gzip
 import os
 import struct
-import tempfile
-import urllib.error
-import urllib.request
 
 import numpy as np
 
@@ -169,22 +166,14 @@ class MNIST(_ImageArrays):
         return self._download(name + ".gz")
 
     def _download(self, fname):
-        os.makedirs(self._root, exist_ok=True)
+        from ..utils import DownloadError, download  # noqa: PLC0415 - imports the front end
         dest = os.path.join(self._root, fname)
         errors = []
         for base in self._base_urls:
-            url = base + fname
             try:
-                with urllib.request.urlopen(url, timeout=30) as resp:
-                    blob = resp.read()
-            except (urllib.error.URLError, OSError, ValueError) as exc:
-                errors.append(f"{url}: {exc}")
-                continue
-            fd, tmp = tempfile.mkstemp(dir=self._root, prefix="." + fname, suffix=".tmp")
-            with os.fdopen(fd, "wb") as f:
-                f.write(blob)
-            os.replace(tmp, dest)
-            return dest
+                return download(base + fname, path=dest, retries=1)
+            except DownloadError as exc:
+                errors.append(f"{base + fname}: {exc.reason}")
         files = ", ".join(n + ".gz" for pair in self._files.values() for n in pair)
         raise RuntimeError(
             f"{type(self).__name__}: '{fname}' is not in {self._root} and could not be "

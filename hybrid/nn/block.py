@@ -153,6 +153,7 @@ class Block:
                             "allowed")
         if isinstance(value, Parameter):
             value = self._shared_params.get(name, value)
+            self._unregister_by_name(value, name)
             self._children.pop(name, None)
             self._reg_params[name] = value
             if value._owner is None:
@@ -189,6 +190,21 @@ class Block:
         _structure_changed()
         return block
 
+    def _register_param_by_name(self, name: str, param: Parameter):
+        """A parameter made by ``self.params.get(name, ...)``: registered under ``name``,
+        with no attribute (an attribute assignment later gives it that name instead)."""
+        self._reg_params[name] = param
+        if param._owner is None:
+            param._owner = self._name
+        _structure_changed()
+
+    def _unregister_by_name(self, param: Parameter, name: str):
+        # a parameter registered only by params.get has no attribute of its name: the
+        # attribute it is now assigned to becomes its one name (never listed twice)
+        for k, p in list(self._reg_params.items()):
+            if p is param and k != name and k not in self.__dict__:
+                del self._reg_params[k]
+
     def register_parameter(self, name: str, param: Parameter):
         setattr(self, name, param)
         return param
@@ -208,8 +224,11 @@ class Block:
 
     @property
     def params(self) -> ParameterDict:
-        """This block's own parameters (not its children's)."""
-        return ParameterDict(self._reg_params)
+        """This block's own parameters (not its children's); ``get`` and ``get_constant``
+        on it create parameters of this block (Gluon 1.x's way)."""
+        out = ParameterDict(self._reg_params)
+        out._block = self
+        return out
 
     # ------------------------------------------------------------ printing
     def __repr__(self):
@@ -416,6 +435,7 @@ class Block:
     def hybridize(self, active: bool = True, backend=None, static_alloc: bool = False,
                   static_shape: bool = False, **flags):
         """Hybridize every HybridBlock below this block (a plain Block runs eagerly)."""
+        _tracing().check_flags(flags)
         for child in self._children.values():
             child.hybridize(active, backend=backend, static_alloc=static_alloc,
                             static_shape=static_shape, **flags)
@@ -512,6 +532,7 @@ class HybridBlock(Block):
     def hybridize(self, active: bool = True, backend=None, static_alloc: bool = False,
                   static_shape: bool = False, **flags):
         """Trace and compile on the next call. backend: 'llvm', 'cuda' or 'reference'."""
+        _tracing().check_flags(flags)
         self._active = active
         self._hybrid_flags = dict(backend=backend, static_alloc=static_alloc,
                                   static_shape=static_shape, **flags)

@@ -430,7 +430,45 @@ class Constant(Parameter):
 
 
 class ParameterDict(dict):
-    """An ordered ``structured name -> Parameter`` dict with Gluon's helpers."""
+    """An ordered ``structured name -> Parameter`` dict with Gluon's helpers.
+
+    ``block.params`` is one bound to its block: ``get`` and ``get_constant`` there create
+    parameters and register them with the block (Gluon 1.x's way, the book's custom layers:
+    ``self.weight = self.params.get('weight', shape=(in_units, units))``)."""
+
+    _block = None  # the block whose own parameters these are (``Block.params``), if any
+
+    def get(self, name, default=None, **kwargs):
+        """The parameter ``name``; if there is none, a new ``Parameter(name, **kwargs)``
+        (made when attributes are given, or always on a block's ``params``). Attributes
+        given for an existing parameter must agree with it (an unknown dimension, 0, is
+        filled in). Without attributes, on a dict no block owns, a missing name gives
+        ``default``, as ``dict.get`` does."""
+        p = dict.get(self, name)
+        if p is not None:
+            _check_attrs(p, kwargs)
+            return p
+        if not kwargs and self._block is None:
+            return default
+        return self._add(name, Parameter(name, **kwargs))
+
+    def get_constant(self, name, value=None):
+        """The constant ``name``; if there is none, a new :class:`Constant` holding
+        ``value`` (never trained: grad_req 'null')."""
+        p = dict.get(self, name)
+        if p is not None:
+            if not isinstance(p, Constant):
+                raise TypeError(f"get_constant: '{name}' is a Parameter, not a Constant")
+            return p
+        if value is None:
+            raise KeyError(f"get_constant: no constant '{name}' yet; give its value")
+        return self._add(name, Constant(value, name=name))
+
+    def _add(self, name, param):
+        self[name] = param
+        if self._block is not None:
+            self._block._register_param_by_name(name, param)
+        return param
 
     def initialize(self, init=None, device=None, verbose=False, force_reinit=False, ctx=None):
         device = ctx if device is None else device
@@ -463,6 +501,18 @@ class ParameterDict(dict):
     def __repr__(self):
         body = "\n".join(f"  {k}: {v!r}" for k, v in self.items())
         return f"ParameterDict(\n{body}\n)" if body else "ParameterDict()"
+
+
+def _check_attrs(p: Parameter, attrs: dict):
+    for k, v in attrs.items():
+        if k == "shape":
+            p.shape = v  # fills unknown dimensions; raises on a conflict
+        elif k == "dtype":
+            if dtype_name(v) != p._dtype:
+                raise ValueError(f"Parameter '{p.full_name}' has dtype {p._dtype}, not "
+                                 f"{dtype_name(v)}")
+        elif k in ("grad_req", "lr_mult", "wd_mult") and getattr(p, k) != v:
+            raise ValueError(f"Parameter '{p.full_name}' has {k}={getattr(p, k)!r}, not {v!r}")
 
 
 def _unique(params):
