@@ -5,10 +5,11 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-import tempfile
 import urllib.error
 import urllib.request
 import warnings
+
+from runtime.atomic import write_bytes
 
 from .ndarray import NDArray, minimum, sqrt
 from .ndarray import sum as _sum
@@ -69,18 +70,17 @@ def check_sha1(filename, sha1_hash) -> bool:
 
 def download(url, path=None, overwrite=False, sha1_hash=None, retries=5, verify_ssl=True,
              timeout=30):
-    """Fetch ``url`` to ``path`` (a file, or a folder for the URL's file name; the current
-    folder by default) and return the file's path. A file already there (with the right
+    """Fetch ``url`` to ``path`` (a file; or a folder, existing or ending in a separator, for
+    the URL's file name; the current folder by default) and return the file's path. A file already there (with the right
     SHA-1, when given) is used as it is, so a reader without network places it by hand: a
     failed fetch raises an error naming the file and where to put it. The file is written
-    whole or not at all (a temporary file, renamed)."""
+    whole or not at all (runtime/atomic.py)."""
     name = url.split("/")[-1].split("?")[0] or "download"
-    if path is None:
-        fname = name
-    elif os.path.isdir(os.path.expanduser(path)):
-        fname = os.path.join(os.path.expanduser(path), name)
+    path = os.path.expanduser(os.fspath(path)) if path is not None else ""
+    if not path or os.path.isdir(path) or path.endswith(os.sep):
+        fname = os.path.join(path, name)  # a folder: the file keeps the URL's name
     else:
-        fname = os.path.expanduser(path)
+        fname = path
     fname = os.path.abspath(fname)
     if os.path.exists(fname) and not overwrite and (sha1_hash is None or
                                                      check_sha1(fname, sha1_hash)):
@@ -94,17 +94,10 @@ def download(url, path=None, overwrite=False, sha1_hash=None, retries=5, verify_
             if not _transient(exc):
                 break
             continue
-        folder = os.path.dirname(fname)
-        os.makedirs(folder, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix="." + os.path.basename(fname),
-                                   suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            f.write(blob)
-        if sha1_hash is not None and not check_sha1(tmp, sha1_hash):
-            os.remove(tmp)
+        if sha1_hash is not None and hashlib.sha1(blob).hexdigest() != sha1_hash:
             errors.append(f"the downloaded file's SHA-1 is not {sha1_hash}")
             continue
-        os.replace(tmp, fname)
+        write_bytes(fname, blob)
         return fname
     raise DownloadError(
         f"download: could not fetch {url} ({errors[-1]}). Without network access, fetch "
