@@ -70,11 +70,11 @@ def check_sha1(filename, sha1_hash) -> bool:
 
 def download(url, path=None, overwrite=False, sha1_hash=None, retries=5, verify_ssl=True,
              timeout=30):
-    """Fetch ``url`` to ``path`` (a file; or a folder, existing or ending in a separator, for
-    the URL's file name; the current folder by default) and return the file's path. A file already there (with the right
-    SHA-1, when given) is used as it is, so a reader without network places it by hand: a
-    failed fetch raises an error naming the file and where to put it. The file is written
-    whole or not at all (runtime/atomic.py)."""
+    """Fetch ``url`` to ``path`` and return the file's path. ``path`` is a file, or a folder
+    (existing, or ending in a separator) for the URL's file name; the current folder by
+    default. A file already there (with the right SHA-1, when given) is used as it is, so a
+    reader without network places it by hand: a failed fetch raises an error naming the
+    file and where to put it. The file is written whole or not at all (runtime/atomic.py)."""
     name = url.split("/")[-1].split("?")[0] or "download"
     path = os.path.expanduser(os.fspath(path)) if path is not None else ""
     if not path or os.path.isdir(path) or path.endswith(os.sep):
