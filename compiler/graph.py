@@ -13,6 +13,8 @@ import json
 import networkx as nx
 import numpy as np
 
+from runtime.artifact import clip
+
 from .ops import ALL_DTYPES, REGISTRY, OpError, Spec, infer_types
 
 SCHEMA_VERSION = 1
@@ -259,52 +261,73 @@ def _from_doc(cls, doc, constants):
     if not isinstance(nodes, list):
         raise GraphError("graph.json: 'nodes' must be a list")
     for nd in nodes:
-        op = nd["op"]
-        spec = _checked_spec(nd)
-        where = tuple(nd["where"]) if nd.get("where") else None
-        device = str(nd.get("device", "cpu(0)"))
-        attrs = _restore(nd.get("attrs") or {})
-        if op == "input":
-            nid = g.add_input(spec, str(attrs.get("name")), device)
-        elif op == "param":
-            nid = g.add_param(spec, str(attrs.get("name")), device)
-        elif op == "const":
-            name = str(attrs["name"])
-            if name not in consts:
-                raise GraphError(f"graph.json: constant {name!r} has no data")
-            nid = g.add_const(consts[name], name, device)
-            if g.spec(nid) != spec:
-                raise GraphError(f"graph.json: constant {name!r} is {g.spec(nid)}, the graph "
-                                 f"says {spec}")
-        else:
-            if op not in REGISTRY:
-                raise GraphError(f"graph.json: unknown op {op!r} (not in this hybrid's op "
-                                 "registry; the artifact needs a newer hybrid)")
-            args = []
-            for a in nd["args"]:
-                if "node" in a:
-                    src = int(a["node"])
-                    if src not in idmap:
-                        raise GraphError(f"graph.json: node {nd['id']} uses node {src} before "
-                                         "it is defined (nodes must be in topological order)")
-                    args.append(NodeRef(idmap[src]))
-                else:
-                    args.append(_checked_scalar(a["scalar"], nd["id"]))
-            nid = g.add_op(op, args, attrs, where, device)
-            if g.spec(nid) != spec:
-                raise GraphError(f"graph.json: node {nd['id']} ({op}) is recorded as {spec} but "
-                                 f"its inputs give {g.spec(nid)}")
-        if int(nd["id"]) in idmap:
-            raise GraphError(f"graph.json: node id {nd['id']} appears twice")
-        idmap[int(nd["id"])] = nid
-    remap = (lambda ids: [idmap[int(i)] for i in ids])
-    inputs, params = remap(doc["inputs"]), remap(doc["params"])
+        try:
+            _add_node(g, nd, consts, idmap)
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError, OpError,
+                ArithmeticError) as exc:
+            what = f"node {clip(repr(nd.get('id')), 40)} ({clip(repr(nd.get('op')), 40)})" \
+                if isinstance(nd, dict) else "a node that is not an object"
+            raise GraphError(f"graph.json: {what} is malformed: {type(exc).__name__}: "
+                             f"{clip(str(exc))}") from None
+
+    def remap(field):
+        ids = doc[field]
+        if not isinstance(ids, list):
+            raise GraphError(f"graph.json: '{field}' must be a list of node ids")
+        for i in ids:
+            if isinstance(i, bool) or not isinstance(i, int) or i not in idmap:
+                raise GraphError(f"graph.json: '{field}' names node {clip(repr(i), 40)}, "
+                                 "which is not a node of the graph")
+        return [idmap[i] for i in ids]
+    inputs, params = remap("inputs"), remap("params")
     for kind, listed, have in (("inputs", inputs, g.inputs), ("params", params, g.params)):
         if sorted(listed) != sorted(have) or len(set(listed)) != len(listed):
             raise GraphError(f"graph.json: '{kind}' must list every {kind[:-1]} node exactly "
                              "once")
-    g.inputs, g.params, g.outputs = inputs, params, remap(doc["outputs"])
+    g.inputs, g.params, g.outputs = inputs, params, remap("outputs")
     return g
+
+
+def _add_node(g, nd, consts, idmap):
+    """Add one node of graph.json to ``g`` (after the ones it uses)."""
+    op = nd["op"]
+    spec = _checked_spec(nd)
+    where = tuple(nd["where"]) if nd.get("where") else None
+    device = str(nd.get("device", "cpu(0)"))
+    attrs = _restore(nd.get("attrs") or {})
+    if op == "input":
+        nid = g.add_input(spec, str(attrs.get("name")), device)
+    elif op == "param":
+        nid = g.add_param(spec, str(attrs.get("name")), device)
+    elif op == "const":
+        name = str(attrs["name"])
+        if name not in consts:
+            raise GraphError(f"graph.json: constant {name!r} has no data")
+        nid = g.add_const(consts[name], name, device)
+        if g.spec(nid) != spec:
+            raise GraphError(f"graph.json: constant {name!r} is {g.spec(nid)}, the graph "
+                             f"says {spec}")
+    else:
+        if op not in REGISTRY:
+            raise GraphError(f"graph.json: unknown op {op!r} (not in this hybrid's op "
+                             "registry; the artifact needs a newer hybrid)")
+        args = []
+        for a in nd["args"]:
+            if "node" in a:
+                src = int(a["node"])
+                if src not in idmap:
+                    raise GraphError(f"graph.json: node {nd['id']} uses node {src} before "
+                                     "it is defined (nodes must be in topological order)")
+                args.append(NodeRef(idmap[src]))
+            else:
+                args.append(_checked_scalar(a["scalar"], nd["id"]))
+        nid = g.add_op(op, args, attrs, where, device)
+        if g.spec(nid) != spec:
+            raise GraphError(f"graph.json: node {nd['id']} ({op}) is recorded as {spec} but "
+                             f"its inputs give {g.spec(nid)}")
+    if int(nd["id"]) in idmap:
+        raise GraphError(f"graph.json: node id {nd['id']} appears twice")
+    idmap[int(nd["id"])] = nid
 
 
 _MAX_DIM = 1 << 62
@@ -384,7 +407,11 @@ def _restore(v):
         if set(v) == {"__tuple__"}:
             return tuple(_restore(x) for x in v["__tuple__"])
         if set(v) == {"__float__"}:
-            return float(v["__float__"])
+            text = v["__float__"]
+            if text not in ("nan", "inf", "-inf"):  # the only floats JSON cannot hold
+                raise GraphError(f"graph.json: attribute tag __float__ holds "
+                                 f"{clip(repr(text), 40)}; expected 'nan', 'inf' or '-inf'")
+            return float(text)
         return {k: _restore(x) for k, x in v.items()}
     if isinstance(v, list):
         return [_restore(x) for x in v]

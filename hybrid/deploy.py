@@ -528,6 +528,11 @@ class Deployed:
                 self._wrong_device(leaves)
         specs = [(tuple(a.shape), a._dtype) for a in leaves]
         want = [(s.shape, s.dtype) for s in self.input_specs]
+        if len(specs) != len(want):
+            kinds = ", ".join(type(a).__name__ for a in args) or "nothing"
+            raise TypeError(f"this model takes {len(want)} hybrid array(s) "
+                            f"({', '.join(str(s) for s in self.input_specs)}); got {kinds}: "
+                            "wrap NumPy data or lists with hb.array(x)")
         batch = self.batch_size
         if specs != want:
             batch = self._batch_of(specs, want)

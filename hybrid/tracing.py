@@ -56,8 +56,22 @@ class Tracer(NDArray):
         self._trace = trace
 
     def _refuse(self, what, fix):
+        if _state.local.trace is not self._trace:
+            raise TraceError(
+                f"{what} at {_at()} of an array that leaked out of a hybridized forward (kept "
+                "in a global, a list or an attribute while tracing): it is a node of a "
+                "finished graph and never had a value. Return it from forward instead")
         raise TraceError(f"{what} of a traced value at {_at()}: inside a hybridized forward, "
                          f"arrays have no values yet (they are graph nodes). {fix}")
+
+    @property
+    def _buf(self):  # where an eager op would read the value: there is none
+        self._refuse("computing with it", "Use hybrid ops on it inside forward.")
+
+    @_buf.setter
+    def _buf(self, value):
+        if value is not None:
+            raise TraceError("a traced value cannot hold data")
 
     def wait_to_read(self, timeout=None):
         self._refuse("wait_to_read()", "Remove it from forward; sync outside the block.")
@@ -311,6 +325,10 @@ def flatten(obj):
         if isinstance(o, dict):
             keys = tuple(o.keys())
             return ("d", keys, tuple(rec(o[k]) for k in keys))
+        if isinstance(o, np.ndarray):  # as eager ops do: a clear refusal, not a constant
+            raise TypeError(f"got a NumPy array of shape {o.shape} (at {_at()}): hybridized "
+                            "blocks and loaded models take hybrid arrays; wrap NumPy data "
+                            "with hb.array(x)")
         return ("s", Static(o))
     return leaves, rec(obj)
 
@@ -697,8 +715,24 @@ class HybridFunction:
         return self.cache.report()
 
 
+# Gluon's hybridize() flags: `backend` picks the code generator; the others are MXNet's,
+# accepted so the book's code runs (this compiler always plans memory statically).
+HYBRIDIZE_FLAGS = ("active", "backend", "backend_opts", "static_alloc", "static_shape",
+                   "inline_limit", "forward_bulk_size", "backward_bulk_size", "clear",
+                   "partition_if_dynamic")
+
+
+def check_flags(flags, who="hybridize"):
+    """Refuse a misspelt flag (static_aloc=True) instead of ignoring it."""
+    unknown = sorted(set(flags) - set(HYBRIDIZE_FLAGS))
+    if unknown:
+        raise TypeError(f"{who}() got unknown flag(s) {', '.join(unknown)}; the known flags "
+                        f"are {', '.join(HYBRIDIZE_FLAGS)}")
+
+
 def hybridize(fn=None, **flags):
     """Decorator: ``@hb.hybridize`` or ``@hb.hybridize(backend="reference")`` (like jax.jit)."""
+    check_flags(flags)
     if fn is None:
         return lambda f: HybridFunction(f, **flags)
     return HybridFunction(fn, **flags)
