@@ -15,7 +15,7 @@ from .benchmark import Benchmark
 
 __version__ = "0.1.0"
 from . import context, linalg, np  # the book's mx.context, np.linalg and np (hybrid/np.py)
-from .tracing import TraceError, explain, hybridize
+from .tracing import TraceError, explain, hybridize, num_compiles
 from . import deploy
 from .deploy import load
 from . import nn, init, loss, data

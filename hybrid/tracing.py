@@ -33,6 +33,14 @@ from .nn.block import describe_change, fingerprint, structure_epoch as _structur
 from .nn.parameter import data_epoch as _param_epoch
 
 _log_re = config.logger("recompiles")
+_compiles = [0]  # graphs traced and compiled by this process (see num_compiles)
+
+
+def num_compiles() -> int:
+    """How many graphs this process has compiled for hybridized calls so far (a forward,
+    or a training step's forward and backward, counts each): a loop can tell the steps that
+    paid for compilation from the rest, and a test can assert that nothing re-compiles."""
+    return _compiles[0]
 
 
 class TraceError(RuntimeError):
@@ -520,6 +528,7 @@ class CachedFunction:
                          first_keys=list(trace.first_keys))
         from compiler.pipeline import compile as compile_graph  # noqa: PLC0415
         entry.exe = compile_graph(g, entry.backend, device)
+        _compiles[0] += 1
         entry.direct = not entry.uses_key and not updates and not writes and \
             not isinstance(entry.exe, PartitionedExecutable)
         self.entries[sig] = entry
@@ -652,6 +661,7 @@ def _training(entry, device, needs):
         tg = split_joint(g, wrt)
         fwd = compile_graph(tg.forward, entry.backend, device)
         bwd = compile_graph(tg.backward, entry.backend, device)
+        _compiles[0] += 2
         compiled = entry.train[needs] = (tg, fwd, bwd, wrt_in, wrt_par, Caller(fwd, device),
                                          Caller(bwd, device))
     return compiled

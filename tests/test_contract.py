@@ -447,3 +447,18 @@ def test_resnet18_running_statistics_move_once_on_the_first_training_call():
     eager, hybrid = _both(build, run, "llvm")
     for e, h in zip(eager, hybrid):
         np.testing.assert_allclose(h, e, rtol=1e-3, atol=1e-4)
+
+
+def test_num_compiles_counts_each_compiled_graph_once():
+    net = _init(_Two)()
+    net.hybridize()
+    x = hb.ones((2, 5))
+    before = hb.num_compiles()
+    net(x)
+    net(x)
+    assert hb.num_compiles() == before + 1
+    for _ in range(2):
+        with autograd.record():
+            y = net(x)
+        y.backward()
+    assert hb.num_compiles() == before + 4  # the training graph, then its forward and backward
