@@ -8,11 +8,14 @@ import numpy as np
 import pytest
 
 import hybrid as hb
+from runtime import config
 from runtime import device as device_mod
 from runtime.device import Device, DeviceError, cpu, current_device, gpu, num_gpus, parse_device
+from runtime.gpu import implementation
 
-HAVE_GPU = num_gpus() > 0
-needs_gpu = pytest.mark.skipif(not HAVE_GPU, reason="no GPU (needs an NVIDIA GPU with CuPy)")
+HAVE_GPU = num_gpus() > 0  # real or emulated (HYBRID_GPU_EMULATE)
+REAL_GPU = HAVE_GPU and implementation() == "cupy"
+needs_gpu = pytest.mark.skipif(not REAL_GPU, reason="no GPU (needs an NVIDIA GPU with CuPy)")
 
 
 @pytest.mark.timeout(30)
@@ -90,16 +93,27 @@ def test_cpu_array_module_and_cores():
 
 
 @pytest.mark.timeout(30)
-def test_num_gpus_never_raises():
+def test_num_gpus_never_raises(monkeypatch):
     n = num_gpus()
     assert isinstance(n, int) and n >= 0
     assert hb.num_gpus() == n
-    if device_mod.cupy_module() is None:
+    if device_mod.cupy_module() is None and implementation() != "emulated":
         assert n == 0
+    saved = config.set_flag("HYBRID_GPU_EMULATE", 3)
+    try:
+        assert num_gpus() == 3  # follows the flag at every call: nothing cached
+        monkeypatch.setenv("HYBRID_GPU_EMULATE", "lots")  # a broken value: still no raise
+        config._values.pop("HYBRID_GPU_EMULATE")
+        assert num_gpus() == 0
+        with pytest.raises(ValueError, match="HYBRID_GPU_EMULATE='lots' is not valid"):
+            gpu(0).xp  # the first use says what is wrong
+    finally:
+        config.set_flag("HYBRID_GPU_EMULATE", saved)
+    assert num_gpus() == n
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.skipif(HAVE_GPU, reason="this machine has a GPU")
+@pytest.mark.skipif(HAVE_GPU, reason="this machine has a GPU, or emulates some")
 def test_using_a_missing_gpu_raises_device_error():
     assert num_gpus() == 0
     g = hb.gpu(0)  # creating it is fine

@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import functools
 import threading
+import weakref
 
 import numpy as np
 
@@ -172,7 +173,7 @@ class CupyGPU(seam.GPU):
         self.device = cp.cuda.Device(index)
         self.compute_stream = CupyStream(self, "compute")
         self.copy_stream = CupyStream(self, "copy")
-        self._streams = [self.compute_stream, self.copy_stream]
+        self._streams = weakref.WeakSet((self.compute_stream, self.copy_stream))
         self._modules = {}
         self._lock = threading.Lock()
         self._staging = {}  # (thread id, direction) -> pinned host bytes, grown as needed
@@ -228,7 +229,7 @@ class CupyGPU(seam.GPU):
     # streams
     def new_stream(self, name="stream"):
         s = CupyStream(self, name)
-        self._streams.append(s)
+        self._streams.add(s)  # weakly: a dropped stream has nothing left to wait for
         return s
 
     def new_event(self):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import weakref
 
 import numpy as np
 
@@ -277,7 +278,7 @@ class EmulatedGPU(seam.GPU):
         self.index = index
         self.compute_stream = EmulatedStream(self, "compute", synchronous=True)
         self.copy_stream = EmulatedStream(self, "copy", synchronous=False)
-        self._streams = [self.compute_stream, self.copy_stream]
+        self._streams = weakref.WeakSet((self.compute_stream, self.copy_stream))
 
     # memory
     def alloc(self, nbytes):
@@ -312,7 +313,7 @@ class EmulatedGPU(seam.GPU):
     # streams
     def new_stream(self, name="stream"):
         s = EmulatedStream(self, name, synchronous=False)
-        self._streams.append(s)
+        self._streams.add(s)  # weakly: a dropped stream has nothing left to wait for
         return s
 
     def new_event(self):
