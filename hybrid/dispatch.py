@@ -40,13 +40,16 @@ class Caller:
     keeps a dropped executable's arena alive."""
 
     __slots__ = ("exe", "device", "timing", "run", "xp", "outs", "out_shape", "out_dtype",
-                 "held", "calls")
+                 "held", "calls", "direct")
 
     def __init__(self, exe, device):
         self.exe, self.device, self.timing = exe, device, exe.report
         self.run = getattr(exe, "run", None)  # a PartitionedExecutable has none: its parts
         # run on the engine (it never gets a cost estimate, so _inline stays False)
         self.xp = device.xp
+        # a GPU's call runs where the GPU is activated (its worker, or the engine's inline
+        # run): the caller's thread has no current GPU stream
+        self.direct = device.kind == "cpu"
         self.outs = [(tuple(s.shape), s.dtype) for s in exe.out_specs]
         self.out_shape, self.out_dtype = self.outs[0] if self.outs else (None, None)
         # (params list, rebind token, data epoch, their buffers, their arrays): one tuple,
@@ -67,7 +70,7 @@ class Caller:
             inline = True
         else:
             inline = _inline(self.exe, self.device)
-        if inline:
+        if inline and self.direct:
             ins = []
             for a in args:
                 d = a._buf.data
