@@ -88,7 +88,7 @@ class Var:
 
 class _Op:
     __slots__ = ("fn", "name", "where", "device", "pending", "dependents", "done",
-                 "error", "origin", "reads", "writes", "queued", "awaited")
+                 "error", "origin", "reads", "writes", "queued", "awaited", "gen")
 
     def __init__(self, fn, name, where, device, reads, writes):
         self.fn = fn
@@ -104,6 +104,7 @@ class _Op:
         self.origin = False  # True when this op's own fn raised (not a propagated error)
         self.queued = False  # in a worker's FIFO queue (or running)
         self.awaited = False  # a sync point waits for this op: wake it when done
+        self.gen = 0  # the wait_all generation it was pushed in (see Engine.wait_all)
 
     def describe(self) -> str:
         at = f" queued at {self.where[0]}:{self.where[1]}" if self.where else ""
@@ -149,6 +150,10 @@ class Engine:
         self._space_cv = threading.Condition(self._lock)
         self._workers: dict[Device, _Worker] = {}
         self._inflight = 0
+        # in-flight ops per wait_all generation: wait_all waits for the generations up to
+        # its own, never for work another thread queues after it began
+        self._gen = 0
+        self._gen_inflight: dict[int, int] = {}
         self._unreported = []
         self._waiters = 0  # threads in wait_all: woken when nothing is in flight
         self._worker_threads = set()
@@ -169,7 +174,7 @@ class Engine:
             self._check_usable()
             with self._lock:
                 self._register(op)
-                self._inflight += 1
+                self._count_in(op)
                 worker = self._workers.get(device) or self._make_worker(device, start=False)
                 worker.active += 1
             self._execute_here(op)
@@ -182,7 +187,7 @@ class Engine:
             if self._inflight >= self.window:
                 self._wait_for_space()
             deps = self._register(op)
-            self._inflight += 1
+            self._count_in(op)
             worker = self._workers.get(device) or self._make_worker(device)
             if deps == 0:
                 if inline and self.inline and worker.active == 0 and not worker.queue:
@@ -199,6 +204,13 @@ class Engine:
             self._execute_here(op)
             self._complete(op, worker)
         return op
+
+    def _count_in(self, op):
+        """Under the lock: one more op in flight, in the current wait_all generation."""
+        self._inflight += 1
+        gen = op.gen = self._gen
+        counts = self._gen_inflight
+        counts[gen] = counts.get(gen, 0) + 1
 
     def _execute_here(self, op):
         """Run op in this thread: a GPU's op inside its activation (as its worker runs)."""
@@ -335,8 +347,16 @@ class Engine:
     def _complete_many(self, ops, worker):
         with self._lock:
             workers = self._workers
+            counts = self._gen_inflight
+            drained = False  # a generation's last op: a wait_all may be waiting for it
             for op in ops:
                 op.done = True
+                left = counts[op.gen] - 1
+                if left:
+                    counts[op.gen] = left
+                else:
+                    del counts[op.gen]
+                    drained = True
                 if op.origin:
                     self._unreported.append(op.error)
                 for d in op.dependents:
@@ -355,7 +375,7 @@ class Engine:
                 self._space_cv.notify()
             # wake a waiter only when what it waits for may be done: every wake-up costs
             # the waiter a thread switch and the GIL, which the workers want meanwhile
-            if (self._waiters and self._inflight == 0) or any(op.awaited for op in ops):
+            if (self._waiters and drained) or any(op.awaited for op in ops):
                 self._done_cv.notify_all()
 
     # --------------------------------------------------------------- waits
@@ -373,12 +393,17 @@ class Engine:
             self._raise(err)
 
     def wait_all(self, timeout: float | None = None):
-        """Block until every op is done; raise the first error not raised yet (once)."""
+        """Block until every op queued before this call is done (ops that other threads
+        queue meanwhile are not waited for); raise the first error not raised yet (once)."""
         self._check_usable()
         with self._lock:
             self.sync_points += 1
+            gen = self._gen
+            self._gen += 1  # ops pushed from now on belong to later waits
+            counts = self._gen_inflight
             if self._inflight:
-                self._wait_until(lambda: self._inflight == 0, timeout, "all ops")
+                self._wait_until(lambda: not any(g <= gen for g in counts), timeout,
+                                 "all ops queued before waitall")
             errors = self._unreported
             self._unreported = []
             gpus = [d for d in self._workers if d.kind == "gpu"]

@@ -745,3 +745,33 @@ def test_wait_idle_waits_reports_nothing_and_never_raises():
         assert eng.sync_points == syncs + 2  # wait_idle is not one of the loop's syncs
     finally:
         eng.shutdown()
+
+
+def test_wait_all_waits_for_what_was_queued_before_it_not_after():
+    """Another thread that keeps queuing cannot keep waitall from returning (it used to wait
+    until nothing at all was in flight)."""
+    eng = Engine(workers_per_device=1)
+    try:
+        slow_done = threading.Event()
+        eng.push(lambda: (time.sleep(0.3), slow_done.set()), device=cpu(0), name="slow")
+        stop = threading.Event()
+
+        def keep_queuing():
+            while not stop.is_set():
+                eng.push(lambda: time.sleep(0.002), device=cpu(1), name="tick")
+                time.sleep(0.001)
+        feeder = threading.Thread(target=keep_queuing)
+        feeder.start()
+        try:
+            time.sleep(0.05)
+            t0 = time.perf_counter()
+            eng.wait_all(timeout=20)
+            waited = time.perf_counter() - t0
+            assert slow_done.is_set(), "returned before an op queued earlier finished"
+            assert waited < 5, f"waited {waited:.1f}s: for the other thread's later ops too"
+        finally:
+            stop.set()
+            feeder.join()
+        eng.wait_all(timeout=20)
+    finally:
+        _shutdown(eng)
