@@ -20,7 +20,7 @@ import weakref
 import numpy as np
 
 from . import seam
-from .seam import GPUError, poll
+from .seam import poll
 
 
 @functools.lru_cache(maxsize=1)
@@ -151,16 +151,11 @@ class CupyModule(seam.Module):
             elif isinstance(a, (int, np.integer)) and not isinstance(a, np.generic):
                 a = np.uint64(a)  # an address: 8 bytes, as the kernel's pointer parameter
             conv.append(a)
-        grid, block = _dims(grid), _dims(block)
+        grid, block = seam.launch_dims(grid), seam.launch_dims(block)
         shared = int(shared_bytes)
         (stream or self.gpu.compute_stream).run(
             f"kernel {kernel_name}",
             lambda s: kern(grid, block, tuple(conv), shared_mem=shared, stream=s.s))
-
-
-def _dims(d):
-    d = (int(d),) if isinstance(d, (int, np.integer)) else tuple(int(x) for x in d)
-    return (d + (1, 1))[:3]
 
 
 class CupyGPU(seam.GPU):
@@ -194,7 +189,7 @@ class CupyGPU(seam.GPU):
 
     # copies: cudaMemcpyAsync on the stream (pinned host memory makes them asynchronous)
     def copy_h2d(self, dst, src, stream=None):
-        dst = _array(dst)
+        dst = seam.as_array(dst)
         self.check_copy("copy host->device", dst, src)
         src = self._pinned_copy(src)
         (stream or self.copy_stream).run(
@@ -203,7 +198,7 @@ class CupyGPU(seam.GPU):
                        s.keep(dst, src)))
 
     def copy_d2h(self, dst, src, stream=None):
-        src = _array(src)
+        src = seam.as_array(src)
         self.check_copy("copy device->host", dst, src)
         (stream or self.copy_stream).run(
             "copy device->host",
@@ -211,7 +206,7 @@ class CupyGPU(seam.GPU):
                        s.keep(dst, src)))
 
     def copy_d2d(self, dst, src, stream=None):
-        dst, src = _array(dst), _array(src)
+        dst, src = seam.as_array(dst), seam.as_array(src)
         self.check_copy("copy device->device", dst, src)
         # cudaMemcpyDefault under unified addressing: also between two GPUs
         (stream or self.copy_stream).run(
@@ -282,11 +277,3 @@ class _Active:
     def __exit__(self, *exc):
         self.gpu.compute_stream.s.__exit__(*exc)
         self.gpu.device.__exit__(*exc)
-
-
-def _array(x):
-    if isinstance(x, seam.DeviceBuffer):
-        if x._mem is None:
-            raise GPUError(f"{x!r} was freed")
-        return x.gpu.cp.ndarray((x.nbytes,), np.uint8, memptr=x._mem)
-    return x

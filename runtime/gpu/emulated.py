@@ -229,35 +229,21 @@ class EmulatedModule(seam.Module):
         self.gpu, self.name, self._built = gpu, name, built
 
     def launch(self, kernel_name, grid, block, shared_bytes, args, stream=None):
-        args = seam.check_launch_args(args)
-        keep = []  # the arrays whose addresses are passed: alive until the launch ran
-        conv = []
-        for a in args:
-            if isinstance(a, np.ndarray):
-                if not a.flags.c_contiguous:
-                    raise ValueError(f"launch {kernel_name}: array arguments must be "
-                                     "C-contiguous")
-                keep.append(a)
-                conv.append(a.__array_interface__["data"][0])
-            elif isinstance(a, seam.DeviceBuffer):
+        conv = []  # held by the closure: the memory stays alive until the launch ran
+        for a in seam.check_launch_args(args):
+            if isinstance(a, np.ndarray) and not a.flags.c_contiguous:
+                raise ValueError(f"launch {kernel_name}: array arguments must be C-contiguous")
+            if isinstance(a, seam.DeviceBuffer):
                 if a._mem is None:
                     raise GPUError(f"launch {kernel_name}: {a!r} was freed")
-                keep.append(a._mem)
-                conv.append(a.ptr)
-            else:
-                conv.append(a)
+                a = a._mem  # the emulator passes an array's address
+            conv.append(a)
         built = self._built
-        grid, block = _dims(grid), _dims(block)
-
-        def run(keep=keep):
-            built.launch(kernel_name, grid, block, int(shared_bytes), conv)
-
-        (stream or self.gpu.compute_stream).submit(f"kernel {kernel_name} ({self.name})", run)
-
-
-def _dims(d):
-    d = (int(d),) if isinstance(d, (int, np.integer)) else tuple(int(x) for x in d)
-    return (d + (1, 1))[:3]
+        grid, block = seam.launch_dims(grid), seam.launch_dims(block)
+        shared = int(shared_bytes)
+        (stream or self.gpu.compute_stream).submit(
+            f"kernel {kernel_name} ({self.name})",
+            lambda: built.launch(kernel_name, grid, block, shared, conv))
 
 
 def _build(cuda_source: str):
@@ -297,7 +283,7 @@ class EmulatedGPU(seam.GPU):
 
     # copies: one memcpy each, queued on the stream
     def _copy(self, what, dst, src, stream):
-        dst, src = _array(dst), _array(src)
+        dst, src = seam.as_array(dst), seam.as_array(src)
         self.check_copy(what, dst, src)
         (stream or self.copy_stream).submit(what, lambda: np.copyto(dst, src))
 
@@ -342,7 +328,3 @@ class EmulatedGPU(seam.GPU):
             out[...] = prod
 
         (stream or self.compute_stream).submit("gemm", run)
-
-
-def _array(x):
-    return x._mem if isinstance(x, seam.DeviceBuffer) else x

@@ -298,6 +298,17 @@ def check_launch_args(args) -> list:
     return out
 
 
+def as_array(x):
+    """A :class:`DeviceBuffer` as the GPU's array of its bytes; an array as it is."""
+    return x.view((x.nbytes,), np.uint8) if isinstance(x, DeviceBuffer) else x
+
+
+def launch_dims(d) -> tuple:
+    """A grid or block as three ints (an int or a shorter tuple padded with 1s)."""
+    d = (int(d),) if isinstance(d, (int, np.integer)) else tuple(int(x) for x in d)
+    return (d + (1, 1))[:3]
+
+
 # ------------------------------------------------------------------- choosing an implementation
 _gpus: dict = {}
 _gpus_lock = threading.Lock()
