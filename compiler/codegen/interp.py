@@ -125,7 +125,9 @@ def run_loop(program: Program, k: LoopKernel, arrays):
         init = b.const(identity, dt)
         v = b.typed(combine(b, init, Typed(v, dt)), dt).v
         kshape = tuple(shape[d] if d in keep else 1 for d in range(len(shape)))
-        arrays[acc.slot][_grid(acc.strides, acc.offset, kshape)] = v.reshape(kshape)
+        # the index grid has no axes when the output walks no dimension (a full reduction)
+        idx = np.broadcast_to(_grid(acc.strides, acc.offset, kshape), kshape)
+        arrays[acc.slot][idx] = v.reshape(kshape)
 
 
 def _tree_reduce(b, combine, v, dt):
