@@ -726,6 +726,21 @@ def test_book_5_2_parameter_access_and_sharing():
     assert float(net[2].weight.data()[0, 0]) == 100.0
 
 
+def test_book_5_3_custom_initializer():
+    class MyInit(init.Initializer):
+        def _init_weight(self, name, data):
+            data[:] = np.random.uniform(-10, 10, data.shape)
+            data *= np.abs(data) >= 5  # float * bool: refused before issue 25
+
+    net = nn.Sequential()
+    net.add(nn.Dense(8, activation='relu'), nn.Dense(1))
+    net.initialize(MyInit())
+    net(np.random.uniform(size=(2, 4)))
+    w = net[0].weight.data().asnumpy()
+    assert w.dtype == numpy.float32
+    assert ((w == 0) | (numpy.abs(w) >= 5)).all() and (w != 0).any()
+
+
 def test_book_5_4_layer_without_parameters():
     class CenteredLayer(nn.Block):
         def __init__(self, **kwargs):

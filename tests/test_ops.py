@@ -270,10 +270,10 @@ def _binary(name, ref, x_gen, y_gen, dtypes=NUMERIC, out_dtype=lambda dt: dt, ar
     def errors(rng):
         errs = [Sample((rand(rng, (2, 3), "float32"), rand(rng, (4,), "float32")),
                        match="cannot be broadcast")]
-        if "bool" not in dtypes:
-            errs.append(Sample((rand(rng, (2,), "bool"), rand(rng, (2,), "float32")),
+        if "bool" not in dtypes:  # bool beside a number promotes (test_bool_promotes_...)
+            errs.append(Sample((rand(rng, (2,), "bool"), rand(rng, (2,), "bool")),
                                match="dtype bool"))
-            errs.append(Sample((rand(rng, (2,), "int32"), True), match="dtype bool"))
+            errs.append(Sample((rand(rng, (2,), "bool"), True), match="dtype bool"))
         return errs
 
     case(name, make, ref, dtypes, out_dtype=out_dtype, errors=errors,
@@ -1257,6 +1257,44 @@ def test_result_dtype(args, want):
     if not any(isinstance(a, (bool, np.ndarray)) and np.asarray(a).dtype == bool
                for a in args):
         assert infer_types("add", args, {})[0].dtype == want
+
+
+ARITH = ("add", "sub", "mul", "div", "floordiv", "mod", "pow", "maximum", "minimum")
+
+
+@pytest.mark.parametrize("name", ARITH)
+def test_bool_promotes_beside_numbers(name):
+    """Arithmetic takes a bool array beside a number as NumPy does (True is 1), eagerly and
+    hybridized (issue 25: the book's ``data *= np.abs(data) >= 5``); bool with bool is
+    refused."""
+    rng = np.random.default_rng(5)
+    f, i = rand(rng, (3, 4), "float32", 0.5, 2), rand(rng, (3, 4), "int32", 1, 3)
+    m = rng.random((3, 4)) < 0.5
+    ref = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.true_divide,
+           "floordiv": np.floor_divide, "mod": np.mod, "pow": np.power,
+           "maximum": np.maximum, "minimum": np.minimum}[name]
+
+    class Net(hb.nn.HybridBlock):
+        def forward(self, a, b):
+            return apply(name, (a, b), {})
+
+    for a, b in ((f, m), (m, f), (i, m), (m, i), (m, 2), (m, 1.5)):
+        if name in ("floordiv", "mod") and not isinstance(b, np.ndarray) or \
+                name in ("floordiv", "mod", "div") and b is m:
+            continue  # x // False, x % False: a division by zero
+        want = infer_types(name, (a, b), {})[0].dtype
+        with np.errstate(divide="ignore", invalid="ignore"):
+            expect = ref(a, b)
+        args = tuple(hb.array(v) if isinstance(v, np.ndarray) else v for v in (a, b))
+        got = apply(name, args, {})
+        assert got.dtype == want and want != "bool"
+        np.testing.assert_allclose(got.asnumpy(), expect.astype(want), rtol=1e-6)
+        if all(isinstance(v, np.ndarray) for v in (a, b)):
+            net = Net()
+            net.hybridize()
+            np.testing.assert_allclose(net(*args).asnumpy(), got.asnumpy(), rtol=1e-6)
+    with pytest.raises(OpError, match="dtype bool"):
+        infer_types(name, (m, m), {})
 
 
 def test_infer_types_accepts_specs():

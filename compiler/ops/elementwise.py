@@ -163,8 +163,13 @@ register("cast", "elementwise", infer=_cast_infer,
 # -------------------------------------------------------------------------- binary
 def _binary_infer(name, allowed, out_dtype=None, float_out=False):
     def infer(x, y):
-        for arg, v in (("x", x), ("y", y)):
-            check_dtype(name, arg, _dt(v), allowed)
+        dts = (_dt(x), _dt(y))
+        for arg, dt, other in (("x", dts[0], dts[1]), ("y", dts[1], dts[0])):
+            # arithmetic takes a bool beside a number, as NumPy does (True is 1: the book's
+            # `data *= np.abs(data) >= 5`); bool with bool stays refused (NumPy's answers
+            # there differ op by op: or, and, TypeError, int8)
+            if not (allowed == "numeric" and dt == "bool" and other != "bool"):
+                check_dtype(name, arg, dt, allowed)
         shape = broadcast_shapes(_shape(x), _shape(y), op=name)
         dt = out_dtype or result_dtype(_as_operand(x), _as_operand(y))
         if float_out and not dt.startswith("float"):
