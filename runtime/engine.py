@@ -88,7 +88,8 @@ class Var:
 
 class _Op:
     __slots__ = ("fn", "name", "where", "device", "pending", "dependents", "done",
-                 "error", "origin", "reads", "writes", "queued", "awaited", "gen")
+                 "error", "origin", "reads", "writes", "queued", "awaited", "gen", "seq",
+                 "thread")
 
     def __init__(self, fn, name, where, device, reads, writes):
         self.fn = fn
@@ -105,6 +106,8 @@ class _Op:
         self.queued = False  # in a worker's FIFO queue (or running)
         self.awaited = False  # a sync point waits for this op: wake it when done
         self.gen = 0  # the wait_all generation it was pushed in (see Engine.wait_all)
+        self.seq = 0  # push order, engine-wide
+        self.thread = threading.get_ident()  # the pushing thread (see Engine.interrupt)
 
     def describe(self) -> str:
         at = f" queued at {self.where[0]}:{self.where[1]}" if self.where else ""
@@ -154,11 +157,16 @@ class Engine:
         # its own, never for work another thread queues after it began
         self._gen = 0
         self._gen_inflight: dict[int, int] = {}
+        self._seq = 0
+        # thread id -> push seq: that thread's ops pushed before it are dropped unless they
+        # started (a KeyboardInterrupt in one of its waits; see interrupt)
+        self._dropped_before: dict[int, int] = {}
         self._unreported = []
         self._waiters = 0  # threads in wait_all: woken when nothing is in flight
         self._worker_threads = set()
         self.sync_points = 0  # calls of wait and wait_all: how often the front end syncs
         self._closed = False
+        self._interrupted = False  # a KeyboardInterrupt reached a wait: exit without waiting
 
     # ------------------------------------------------------------------ push
     def push(self, fn, reads=(), writes=(), device: Device | None = None, name: str = "op",
@@ -207,6 +215,8 @@ class Engine:
 
     def _count_in(self, op):
         """Under the lock: one more op in flight, in the current wait_all generation."""
+        op.seq = self._seq
+        self._seq += 1
         self._inflight += 1
         gen = op.gen = self._gen
         counts = self._gen_inflight
@@ -258,6 +268,14 @@ class Engine:
         return deps
 
     def _wait_for_space(self):
+        try:
+            self._wait_for_space_until()
+        except KeyboardInterrupt:
+            self._dropped_before[threading.get_ident()] = self._seq  # the lock is held
+            self._interrupted = True
+            raise
+
+    def _wait_for_space_until(self):
         timeout = config.get("HYBRID_WAIT_TIMEOUT")
         deadline = time.monotonic() + timeout
         while self._inflight >= self.window:
@@ -327,6 +345,12 @@ class Engine:
             if v.error is not None:
                 err = v.error
                 break
+        dropped = self._dropped_before
+        if err is None and dropped and op.seq < dropped.get(op.thread, -1):
+            # its thread was interrupted while waiting: it never runs, its outputs say why
+            # (not an unreported error: the thread already got its KeyboardInterrupt)
+            err = AsyncOpError(op.name, op.where, KeyboardInterrupt(
+                "dropped before it ran: the thread that queued it was interrupted (Ctrl-C)"))
         if err is None:
             try:
                 op.fn()
@@ -439,8 +463,26 @@ class Engine:
                     return False
         return True
 
+    def interrupt(self, thread: int | None = None):
+        """Drop the ops that ``thread`` (this one by default) queued and that have not
+        started: they complete at once as failed values naming the interrupt, so the next op
+        waits only for what is running. Called when a KeyboardInterrupt reaches a wait."""
+        with self._lock:
+            self._dropped_before[threading.get_ident() if thread is None else thread] = \
+                self._seq
+            self._interrupted = True
+
     def _wait_until(self, ready, timeout, what, counted=True):
-        """Wait on _done_cv until ready(); counted: a wait for all ops (see _waiters)."""
+        """Wait on _done_cv until ready(); counted: a wait for all ops (see _waiters).
+        A KeyboardInterrupt here drops this thread's queued work (see interrupt)."""
+        try:
+            self._wait_until_ready(ready, timeout, what, counted)
+        except KeyboardInterrupt:
+            self._dropped_before[threading.get_ident()] = self._seq  # the lock is held
+            self._interrupted = True
+            raise
+
+    def _wait_until_ready(self, ready, timeout, what, counted):
         self._check_usable()
         timeout = config.get("HYBRID_WAIT_TIMEOUT") if timeout is None else timeout
         deadline = time.monotonic() + timeout
@@ -509,7 +551,8 @@ class Engine:
         if os.getpid() != self._pid or self._broken:
             return
         try:
-            self.wait_all(timeout=timeout)
+            # after Ctrl-C only what is already running is left: wait for it briefly
+            self.wait_all(timeout=min(timeout, 1.0) if self._interrupted else timeout)
         except Exception as exc:  # noqa: BLE001 - at exit, report and go on
             print(f"hybrid: at exit: {exc}", file=sys.stderr)
         with self._lock:

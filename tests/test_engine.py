@@ -775,3 +775,56 @@ def test_wait_all_waits_for_what_was_queued_before_it_not_after():
         eng.wait_all(timeout=20)
     finally:
         _shutdown(eng)
+
+
+def test_ctrl_c_in_a_wait_drops_the_threads_queued_ops():
+    """A KeyboardInterrupt reaching wait_all drops the ops this thread queued that have not
+    started: the next op waits only for the one running, the dropped ops' values say why,
+    and the next wait_all does not raise for them."""
+    import signal
+    eng = Engine(workers_per_device=1)
+    try:
+        dev = cpu(0)
+        eng.push(lambda: time.sleep(1.0), device=dev, name="running")
+        dropped = Var("dropped")
+        for _ in range(40):
+            eng.push(lambda: time.sleep(0.1), writes=(dropped,), device=dev, name="queued")
+        timer = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT))
+        timer.start()
+        t0 = time.perf_counter()
+        with pytest.raises(KeyboardInterrupt):
+            eng.wait_all(timeout=60)
+        timer.join()
+        ran = []
+        nxt = Var("next")
+        eng.push(lambda: ran.append(1), writes=(nxt,), device=dev, name="next")
+        eng.wait(nxt, timeout=60)
+        assert ran and time.perf_counter() - t0 < 2.5, "the next op waited for dropped ops"
+        with pytest.raises(AsyncOpError, match="interrupted"):
+            eng.wait(dropped, timeout=60)
+        eng.wait_all(timeout=60)  # nothing unreported: the thread got its KeyboardInterrupt
+    finally:
+        _shutdown(eng)
+
+
+def test_exit_after_ctrl_c_does_not_wait_for_the_dropped_work(tmp_path):
+    import subprocess
+    import textwrap
+    script = tmp_path / "interrupted.py"
+    script.write_text(textwrap.dedent("""
+        import os, signal, sys, threading, time
+        sys.path.insert(0, %r)
+        import hybrid as hb
+        from runtime import engine
+        eng = engine.get_engine()
+        for _ in range(30):
+            eng.push(lambda: time.sleep(0.5), device=hb.cpu(0), name="long")
+        threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+        hb.waitall()
+    """ % os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120)
+    took = time.perf_counter() - t0
+    assert proc.returncode != 0 and "KeyboardInterrupt" in proc.stderr
+    assert took < 6, f"exit took {took:.1f}s: it waited for the dropped work (15 s of it)"
