@@ -191,7 +191,7 @@ inline void release_if_complete(Launch* L, unsigned warp) {
     }
 }
 
-inline void block_barrier() {
+__attribute__((noinline)) inline void block_barrier() {
     Launch* L = cur;
     unsigned gen = L->bar_gen;
     L->advanced = 1;
@@ -204,7 +204,7 @@ inline void block_barrier() {
     L->advanced = 1;
 }
 
-inline void warp_barrier() {
+__attribute__((noinline)) inline void warp_barrier() {
     Launch* L = cur;
     unsigned w = L->current >> 5;
     unsigned gen = L->warp_gen[w];
@@ -242,7 +242,7 @@ inline void fail(Launch* L, const char* what) {
     }
 }
 
-inline void start_fiber(Launch* L, unsigned t) {
+__attribute__((noinline)) inline void start_fiber(Launch* L, unsigned t) {
     char* base = L->stacks + (size_t)t * STACK_BYTES;
     *reinterpret_cast<unsigned long long*>(base) = CANARY;
     Fiber& f = L->fibers[t];
@@ -270,7 +270,7 @@ inline void start_fiber(Launch* L, unsigned t) {
 #endif
 }
 
-inline void run_block(Launch* L) {
+__attribute__((noinline)) inline void run_block(Launch* L) {
     unsigned n = L->nthreads;
     for (unsigned t = 0; t < n; ++t) start_fiber(L, t);
     L->live = n;
@@ -326,7 +326,7 @@ inline int check_dims(const unsigned* g, const unsigned* b, unsigned shared_byte
     return -1;
 }
 
-inline int launch(const unsigned* g, const unsigned* b, unsigned shared_bytes,
+__attribute__((noinline)) inline int launch(const unsigned* g, const unsigned* b, unsigned shared_bytes,
                   void (*thunk)(void*), void* ctx) {
     if (cur != nullptr) {
         snprintf(error_text, sizeof error_text, "a kernel launched another kernel "
@@ -440,7 +440,7 @@ inline void __threadfence_block() {}
 // ------------------------------------------------------------------------- warp operations
 namespace hyb_emu {
 template <class T>
-inline T exchange(T v, unsigned src, bool take) {
+__attribute__((noinline)) T exchange(T v, unsigned src, bool take) {
     static_assert(sizeof(T) <= 8, "warp shuffles move at most 8 bytes");
     Launch* L = cur;
     unsigned lane = L->current & 31, w = L->current >> 5;
