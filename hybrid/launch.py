@@ -13,10 +13,12 @@ Like ``torchrun`` or ``horovodrun``, it wraps the MPI launcher: ``mpirun`` from 
 
 The launcher forwards the ``HYBRID_*`` variables and ``PYTHONPATH`` to every worker, gives
 each local worker its share of the cores (one BLAS thread pool per core share, never
-oversubscribed), and keeps the job alive when one worker dies so that the others can report
-what happened (which rank, which key, which step) before the job ends. A worker with an
-uncaught exception prints it with its rank and exits with status 1, which makes mpirun end the
-whole job, so nothing waits forever.
+oversubscribed), and keeps the job alive when one worker stops answering so that the others
+can report what happened (which rank, which key, which step) before the job ends. A worker
+with an uncaught exception prints it with its rank and exits with status 1, and a worker
+killed by a signal is named (rank and signal) by the small supervisor process each rank runs
+in; either makes mpirun end the whole job at once, with a failing status, so nothing waits
+forever.
 """
 from __future__ import annotations
 
@@ -187,6 +189,8 @@ def launch_main(argv) -> int:
     """``hybrid launch`` (the CLI's subcommand calls this); returns the exit status."""
     argv = list(argv)
     if argv and argv[0] == "--worker":
+        return _supervise(argv[1:])
+    if argv and argv[0] == "--worker-run":
         return _worker_main(argv[1:])
     opts = _parser().parse_args(argv)
     try:
@@ -244,6 +248,52 @@ def _bind_cores():
     try:
         os.sched_setaffinity(0, mine)
     except OSError:
+        pass
+
+
+def _supervise(argv) -> int:
+    """What mpirun starts for each rank: runs the worker as a child process (which is the
+    MPI rank: it inherits the launcher's environment) and reports how it ended. A worker
+    killed by a signal (SIGKILL, the out-of-memory killer) otherwise vanishes without a word:
+    with --enable-recovery mpirun keeps the job running, the others wait for it until their
+    timeout, and the job even ends with status 0. Here its death is named, rank and signal,
+    and turned into a failing exit status, which ends the job within seconds."""
+    import signal  # noqa: PLC0415
+    from runtime.collective import launched  # noqa: PLC0415
+    rank, size = launched()
+    child = subprocess.Popen([sys.executable, "-m", "hybrid.launch", "--worker-run", *argv],
+                             preexec_fn=_die_with_parent)
+    forwarded = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1,
+                 signal.SIGUSR2)
+    for sig in forwarded:  # mpirun ending the job signals us: pass it on
+        signal.signal(sig, lambda signum, _frame: child.send_signal(signum))
+    while True:
+        try:
+            rc = child.wait()
+            break
+        except InterruptedError:
+            continue
+    if rc >= 0:
+        return rc
+    sig = -rc
+    try:
+        name = signal.Signals(sig).name
+    except ValueError:
+        name = f"signal {sig}"
+    hint = " (out of memory? the kernel's OOM killer sends SIGKILL: see dmesg)" \
+        if sig == signal.SIGKILL else ""
+    sys.stderr.write(f"[hybrid launch] rank {rank} of {size} was killed by signal {sig} "
+                     f"({name}){hint}; ending the job\n")
+    _die(128 + sig)
+
+
+def _die_with_parent():
+    """In the worker, before exec: die when the supervisor dies (Linux), never orphaned."""
+    try:
+        import ctypes  # noqa: PLC0415
+        import signal  # noqa: PLC0415
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
         pass
 
 

@@ -205,11 +205,12 @@ def async_():
 
 
 # ---------------------------------------------------------------------- failures
-def _failing(kill: bool):
-    """Rank 1 stops after step 5 (killed, or out of batches); rank 0 goes on to step 8.
-    When killed, rank 0 also trains a second model on a dist_async store and reports both
-    the dist_sync and the parameter-server failure."""
+def _failing(how: str):
+    """Rank 1 stops after step 5 (killed by SIGKILL, hung, or out of batches); rank 0 goes
+    on to step 8. When rank 1 hangs, rank 0 also trains a second model on a dist_async
+    store and reports both the dist_sync and the parameter-server failure."""
     rank = hb.parallel.rank()
+    kill = how in ("killed", "hung")
     stores = ["dist_sync", "dist_async"] if kill else ["dist_sync"]
     runs = []
     for store in stores:
@@ -234,12 +235,15 @@ def _failing(kill: bool):
         print(f"rank {rank} finished step {s}", flush=True)
         if kill and rank == 1 and s == 5:
             time.sleep(0.3)  # let the launcher forward this rank's output first
+            if how == "hung":  # stopped, not dead: the others' timeouts report it
+                os.kill(os.getpid(), signal.SIGSTOP)
             os.kill(os.getpid(), signal.SIGKILL)
     print(f"rank {rank} ran out of batches", flush=True)
 
 
 SCENARIOS = {"exact": exact, "train": train, "async": async_,
-             "killed": lambda: _failing(True), "fewer": lambda: _failing(False)}
+             "killed": lambda: _failing("killed"), "hung": lambda: _failing("hung"),
+             "fewer": lambda: _failing("fewer")}
 
 if __name__ == "__main__":
     for name in sys.argv[1:]:

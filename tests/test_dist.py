@@ -164,10 +164,22 @@ def test_allreduce_and_push_pull_exact_on_4_processes():
 
 
 @needs_mpi
-def test_a_killed_rank_is_reported_by_the_survivor_within_the_timeout():
-    """Rank 1 is killed (SIGKILL) after step 5: rank 0 reports it on a dist_sync store and
-    on a dist_async store (whose server for 'bias' was rank 1), 4 s later each."""
-    rc, out, elapsed = run_job(2, "killed", timeout=4)
+def test_a_killed_rank_ends_the_job_at_once_naming_the_signal():
+    """Rank 1 is killed (SIGKILL, as the OOM killer does) after step 5: the launcher names
+    the rank and the signal and ends the job with a failing status within seconds (mpirun
+    alone kept it running until the others timed out, then reported status 0)."""
+    rc, out, elapsed = run_job(2, "killed", timeout=300, limit=120)
+    assert rc == 128 + 9, (rc, out[-3000:])
+    assert "rank 1 of 2 was killed by signal 9 (SIGKILL)" in out, out[-3000:]
+    assert "rank 0 finished step 8" not in out
+    assert elapsed < 60, elapsed  # not the 300 s dist timeout
+
+
+@needs_mpi
+def test_a_hung_rank_is_reported_by_the_survivor_within_the_timeout():
+    """Rank 1 hangs after step 5: rank 0 reports it on a dist_sync store and on a dist_async
+    store (whose server for 'bias' was rank 1), 4 s later each."""
+    rc, out, elapsed = run_job(2, "hung", timeout=4)
     assert rc != 0, out[-3000:]
     assert "rank 0 finished step 5" in out, out[-3000:]
     assert "SURVIVOR dist_sync: rank 0: pushpull of 'bias', 'weight' at step 6: no word " \
