@@ -611,13 +611,77 @@ def test_take_take_grad_pick_argmax_argmin():
         close(label, r.out(s), np.asarray(want), rtol=2e-3 if "float16" in label else 1e-5)
 
 
-def test_refused_externs_and_modes_say_why():
+CONVS = [  # (x shape, w shape, attrs)
+    ((2, 1, 12, 12), (6, 1, 5, 5), dict(pad=2)),            # LeNet conv1 (smaller)
+    ((2, 6, 9, 9), (4, 6, 5, 5), {}),                       # LeNet conv2
+    ((2, 8, 9, 9), (8, 8, 3, 3), dict(pad=1)),              # ResNet 3x3
+    ((2, 8, 9, 9), (16, 8, 3, 3), dict(pad=1, stride=2)),   # ResNet downsample
+    ((2, 8, 7, 7), (12, 8, 1, 1), {}),                      # 1x1
+    ((2, 4, 9, 8), (6, 2, 3, 2), dict(pad=(1, 0), stride=(2, 1), dilation=(2, 1), groups=2)),
+    ((1, 3, 5, 5), (2, 3, 5, 5), {}),                       # one output pixel
+]
+POOLS = [((4, 6, 12, 12), dict(pool_type="avg", kernel=2, stride=2)),
+         ((4, 6, 12, 12), dict(pool_type="max", kernel=2, stride=2)),
+         ((2, 3, 9, 9), dict(pool_type="max", kernel=3, stride=2, pad=1)),
+         ((2, 3, 9, 9), dict(pool_type="avg", kernel=3, stride=2, pad=1)),
+         ((2, 3, 9, 9), dict(pool_type="avg", kernel=3, stride=2, pad=1,
+                             count_include_pad=False)),
+         ((2, 3, 7, 5), dict(pool_type="avg", global_pool=True)),
+         ((2, 3, 7, 5), dict(pool_type="max", global_pool=True)),
+         ((1, 2, 6, 6), dict(pool_type="max", kernel=3, stride=1)),
+         ((3, 2, 7, 9), dict(pool_type="max", kernel=2, stride=3)),
+         ((2, 3, 9, 8), dict(pool_type="avg", kernel=3, stride=2))]
+
+
+@source_case
+def convs_and_pools():
     pb = ProgramBuilder()
-    x, w = pb.input((1, 1, 5, 5)), pb.input((1, 1, 3, 3))
-    y = pb.output((1, 1, 3, 3))
-    pb.extern("conv2d", [x, w], [y])
-    with pytest.raises(KernelIRError, match="conv2d"):
-        emit_cuda(pb.build())
+    inputs, checks = [], []
+
+    def ext(op, args, attrs):
+        from compiler.codegen.kernel import extern_out_specs
+        ins = []
+        for a in args:
+            inputs.append(np.ascontiguousarray(a))
+            ins.append(pb.input(a.shape, a.dtype.name))
+        (spec,) = extern_out_specs(op, attrs, [pb.slots[s].spec for s in ins])
+        o = pb.output(spec.shape, spec.dtype)
+        pb.extern(op, ins, [o], **attrs)
+        checks.append((f"{op}-{attrs}", o, eager_apply(np, op, args, attrs)[0]))
+    for k, (xs, ws, attrs) in enumerate(CONVS):
+        dt = "float64" if k == 2 else "float32"
+        x, w = _rnd(xs, dt, k), _rnd(ws, dt, k + 9)
+        (y,) = eager_apply(np, "conv2d", [x, w], attrs)
+        g = _rnd(y.shape, dt, k + 21)
+        ext("conv2d", [x, w], attrs)
+        ext("conv2d_grad_data", [g, w], dict(attrs, data_shape=xs))
+        ext("conv2d_grad_weight", [x, g], dict(attrs, weight_shape=ws))
+    for k, (xs, attrs) in enumerate(POOLS):
+        x = _rnd(xs, "float32", k)
+        if attrs["pool_type"] == "max":  # ties: the first maximum takes the gradient
+            x.reshape(-1)[1::7] = x.reshape(-1)[0:-1:7]
+        (y,) = eager_apply(np, "pool2d", [x], attrs)
+        ext("pool2d", [x], attrs)
+        ext("pool2d_grad", [_rnd(y.shape, "float32", k + 5), x, y], attrs)
+    x = _rnd((2, 3, 6, 6), "float16", 1)
+    ext("pool2d", [x], dict(pool_type="avg", kernel=2, stride=2))
+    ext("conv2d", [x, _rnd((2, 3, 3, 3), "float16", 2)], dict(pad=1))
+    return run(pb, inputs, checks=checks)
+
+
+def test_convolutions_and_pooling_with_gradients():
+    r = convs_and_pools()
+    for s in r.program.slots_of("output"):
+        dt = r.out(s).dtype
+        close(f"slot {s} vs interpreter", r.out(s), r.ref(s),
+              rtol=1e-2 if dt == np.float16 else 1e-4, atol=1e-2 if dt == np.float16 else 1e-4)
+    for label, s, want in r.checks:
+        f16 = r.out(s).dtype == np.float16
+        close(label, r.out(s), np.asarray(want), rtol=1e-2 if f16 else 1e-4,
+              atol=1e-2 if f16 else 1e-4)
+
+
+def test_refused_modes_say_why():
     pb = ProgramBuilder()
     x, i = pb.input((4,)), pb.input((2,), "int64")
     y = pb.output((2,))

@@ -10,8 +10,8 @@ through the scalar builder protocol (../scalar.py), written here as C text.
   float4); reduction.py: reductions (thread, block tree with warp shuffles, split across
   blocks);
 - externs, one file per family: matmul.py (tiled GEMM), gather.py (take, take_grad, pick,
-  argmax, argmin); conv2d, its gradients and pooling are not written yet: emit_cuda refuses
-  them by name;
+  argmax, argmin), pooling.py (pool2d and its gradient), conv.py (conv2d and its gradients,
+  direct kernels); an extern without a kernel is refused by name (emit.py);
 - compile_check.py: compile a source for a GPU architecture (nvcc, or NVRTC through CuPy);
 - emulate.py: ``run_program_emulated``: run a Program's source on the emulated GPU
   (runtime/gpu/emu), the test-facing runner.

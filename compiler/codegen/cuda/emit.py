@@ -9,14 +9,15 @@ so it can key caches.
 from __future__ import annotations
 
 from ..kernel import ExternKernel, KernelIRError, LoopKernel, Program
-from . import gather, matmul
+from . import conv, gather, matmul, pooling
 from .prelude import prelude
 from .reduction import emit_loop_kernel
 from .source import CudaSource
 from .writer import ModuleWriter
 
 CODEGEN_VERSION = 1
-EXTERN_EMITTERS = {**matmul.EMITTERS, **gather.EMITTERS}
+EXTERN_EMITTERS = {**matmul.EMITTERS, **gather.EMITTERS, **pooling.EMITTERS,
+                   **conv.EMITTERS}
 
 
 def emit_cuda(program: Program, name: str = "program") -> CudaSource:
