@@ -10,7 +10,7 @@
   the Program carries), which every target carries out;
 - testing.py: differential-testing helpers (many registry-op cases in one Program);
 - one package per target: llvm/ (LLVM CPU code through llvmlite, loaded by runtime.native)
-  and cuda/ (CUDA C; to come).
+  and cuda/ (CUDA C, loaded and launched through the runtime's GPU seam, runtime/gpu).
 
 Lowering a fused group: see kernel.py's docstring, or ``compile_program`` below::
 
@@ -49,5 +49,8 @@ def backend_compile(graph, backend, device, in_specs, param_specs):
     if backend == "llvm":
         from .llvm.exec import llvm_compile  # noqa: PLC0415
         return llvm_compile(graph, device, in_specs, param_specs)
-    raise ValueError(f"backend {backend!r} has no code generator in this build "
-                     "(the CUDA backend needs a GPU session); use backend='llvm' or 'reference'")
+    if backend == "cuda":
+        from .cuda.exec import cuda_compile  # noqa: PLC0415
+        return cuda_compile(graph, device, in_specs, param_specs)
+    raise ValueError(f"backend {backend!r} has no code generator; use backend='llvm', 'cuda' "
+                     "or 'reference'")
