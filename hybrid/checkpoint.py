@@ -7,6 +7,7 @@ file's size first, so a truncated or damaged file is refused with a message sayi
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import struct
@@ -20,6 +21,7 @@ from .ndarray import NDArray, array
 __all__ = ["save", "load_arrays", "write_safetensors", "read_safetensors", "CheckpointError"]
 
 _META_KEY = "hybrid"
+_SUM_KEY = "hybrid.sha256"
 _DTYPE_SIZES = {"BOOL": 1, "U8": 1, "I8": 1, "F16": 2, "BF16": 2, "I16": 2, "U16": 2,
                 "F32": 4, "I32": 4, "U32": 4, "F64": 8, "I64": 8, "U64": 8}
 
@@ -50,9 +52,22 @@ def write_safetensors(path, arrays: dict, meta: dict | None = None):
         tensors[k] = a
     meta = dict(meta or {})
     meta["keys"] = list(tensors)  # safetensors sorts its entries; keep the caller's order
-    metadata = {_META_KEY: json.dumps(meta, sort_keys=True)}
+    # safetensors checks framing, not data: a flipped bit in a weight would load silently
+    meta["sha256"] = _digest(tensors, meta["keys"])
+    # the checksum twice, in two places: damage that renames one still leaves the other
+    metadata = {_META_KEY: json.dumps(meta, sort_keys=True), _SUM_KEY: meta["sha256"]}
     blob = _st_save(tensors, metadata=metadata)
     write_bytes(path, blob)
+
+
+def _digest(arrays: dict, order) -> str:
+    """sha256 over every tensor's name, dtype, shape and bytes, in ``order``."""
+    h = hashlib.sha256()
+    for k in order:
+        a = np.ascontiguousarray(arrays[k])
+        h.update(json.dumps([k, a.dtype.str, list(a.shape)]).encode())
+        h.update(memoryview(a).cast("B") if a.size else b"")
+    return h.hexdigest()
 
 
 def _validate(blob: bytes, path: str) -> dict:
@@ -113,14 +128,23 @@ def read_safetensors(path):
     except Exception as exc:  # safetensors raises its own error type
         raise CheckpointError(f"'{path}' could not be read as safetensors: {exc}") from None
     meta = {}
-    raw = (header.get("__metadata__") or {}).get(_META_KEY)
+    st_meta = header.get("__metadata__") or {}
+    raw = st_meta.get(_META_KEY) if isinstance(st_meta, dict) else None
     if raw:
         try:
             meta = json.loads(raw)
         except json.JSONDecodeError:
             raise CheckpointError(f"'{path}' is damaged: its hybrid metadata is not valid "
                                   "JSON") from None
-    order = meta.pop("keys", None) if isinstance(meta, dict) else None
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"'{path}' is damaged: its hybrid metadata is not an object")
+    order = meta.pop("keys", None)
+    digests = {d for d in (meta.pop("sha256", None), isinstance(st_meta, dict) and
+                           st_meta.get(_SUM_KEY)) if d}
+    if digests and (not isinstance(order, list) or sorted(map(str, order)) != sorted(arrays)
+                    or {_digest(arrays, order)} != digests):
+        raise CheckpointError(f"'{path}' is damaged: its tensors do not match the checksum "
+                              "written with them (a changed byte); restore it from a copy")
     if not isinstance(order, list) or sorted(map(str, order)) != sorted(arrays):
         order = sorted(arrays, key=lambda k: header[k]["data_offsets"][0])
     return {k: arrays[k] for k in order}, meta
