@@ -15,7 +15,7 @@ import math
 import numpy as np
 import pytest
 
-from compiler.codegen import (Access, Const, ExternKernel, Index, KernelIRError, Load,
+from compiler.codegen import (Access, Const, Index, KernelIRError, Load,
                               LoopKernel, Output, Program, ProgramBuilder, call, interpret)
 from compiler.codegen.cuda import emit_cuda
 from compiler.codegen.cuda.compile_check import available_compiler, check_compiles_all

@@ -16,16 +16,12 @@ from __future__ import annotations
 
 from ..extern_plan import conv_geometry
 from .reduction import block_reduce_fn
-from .scalar import load_expr, mem_ctype
+from .scalar import load_expr, store_acc
 from .writer import (BLOCK, MAX_GRID, KernelWriter, ModuleWriter, ceil_div, decompose,
                      grid_for, index_type)
 
 ACC = {"float16": ("float", "float32"), "float32": ("float", "float32"),
        "float64": ("double", "float64")}
-
-
-def _store(dt: str, acc: str) -> str:
-    return f"hyb_f2h({acc})" if dt == "float16" else f"({mem_ctype(dt)})({acc})"
 
 
 def _term(kw, slot, dt, index, acc_t) -> str:
@@ -67,7 +63,7 @@ def _conv2d(mw: ModuleWriter, step):
                     xi, wi = f"xp + yy * {g['w']} + xx", f"wp + a * {g['kw']} + b"
                     code.line(f"acc += {_term(kw, sx, X.dtype, xi, acc_t)} * "
                               f"{_term(kw, sw_, W.dtype, wi, acc_t)};")
-        code.line(f"{kw.ptr(so, write=True)}[i] = {_store(X.dtype, 'acc')};")
+        code.line(f"{kw.ptr(so, write=True)}[i] = {store_acc(X.dtype, 'acc')};")
     kw.finish(grid, BLOCK)
 
 
@@ -107,7 +103,7 @@ def _conv2d_grad_data(mw: ModuleWriter, step):
                     wi = f"wp + a * {g['kw']} + b"
                     code.line(f"acc += {_term(kw, sg, G.dtype, gi, acc_t)} * "
                               f"{_term(kw, sw_, W.dtype, wi, acc_t)};")
-        code.line(f"{kw.ptr(so, write=True)}[i] = {_store(G.dtype, 'acc')};")
+        code.line(f"{kw.ptr(so, write=True)}[i] = {store_acc(G.dtype, 'acc')};")
     kw.finish(grid, BLOCK)
 
 
@@ -146,7 +142,7 @@ def _conv2d_grad_weight(mw: ModuleWriter, step):
                       f"{_term(kw, sx, X.dtype, xi, acc_t)};")
         code.line(f"acc = {tree}(acc, sh0);")
         with code.block("if (threadIdx.x == 0)"):
-            code.line(f"{kw.ptr(so, write=True)}[m] = {_store(G.dtype, 'acc')};")
+            code.line(f"{kw.ptr(so, write=True)}[m] = {store_acc(G.dtype, 'acc')};")
     kw.finish(grid, block)
 
 

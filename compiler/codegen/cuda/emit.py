@@ -8,7 +8,7 @@ so it can key caches.
 """
 from __future__ import annotations
 
-from ..kernel import ExternKernel, KernelIRError, LoopKernel, Program
+from ..kernel import KernelIRError, LoopKernel, Program
 from . import conv, gather, matmul, pooling
 from .prelude import prelude
 from .reduction import emit_loop_kernel
@@ -41,4 +41,4 @@ def covered_externs() -> tuple:
     return tuple(sorted(EXTERN_EMITTERS))
 
 
-__all__ = ["CudaSource", "ExternKernel", "emit_cuda", "covered_externs"]
+__all__ = ["CudaSource", "emit_cuda", "covered_externs"]

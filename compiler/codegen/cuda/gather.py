@@ -176,9 +176,7 @@ def _better(kind: str, dt: str, v: str, w: str) -> str:
 
 def _argext(kind: str):
     def emit(mw: ModuleWriter, step):
-        prog = mw.program
-        (sx,), (so,) = step.in_slots, step.out_slots
-        X = prog.slots[sx]
+        X = mw.program.slots[step.in_slots[0]]
         axis = step.attr_dict.get("axis")
         if axis is None:
             lead, dim, rest = 1, X.size, 1

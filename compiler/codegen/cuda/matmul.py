@@ -19,8 +19,7 @@ from __future__ import annotations
 import math
 
 from ..kernel import KernelIRError, matmul_operand_shapes
-from .scalar import load_expr, mem_ctype
-from .reduction import dtype_tag
+from .scalar import dtype_tag, load_expr, mem_ctype, store_acc
 from .source import KernelArg
 from .writer import INT_LIMIT, ModuleWriter, ceil_div
 
@@ -28,12 +27,6 @@ TILE, TILE_K, THREADS = 64, 16, 256
 GRID_YZ_LIMIT = 65535
 ACC = {"float16": "float", "float32": "float", "float64": "double", "int8": "unsigned",
        "uint8": "unsigned", "int32": "unsigned", "int64": "unsigned long long"}
-
-
-def _store(dt: str, acc: str) -> str:
-    if dt == "float16":
-        return f"hyb_f2h({acc})"
-    return f"({mem_ctype(dt)})({acc})"
 
 
 def _tile_load(dst: str, operand: str, transposed: bool, src: str, dt: str, acc: str) -> list:
@@ -74,8 +67,9 @@ def gemm_kernel(mw: ModuleWriter, a_dt: str, b_dt: str, c_dt: str, ta: bool, tb:
     const int tx = (int)(threadIdx.x & 15u), ty = (int)(threadIdx.x >> 4);
     const int tiles_m = (M + {TILE - 1}) / {TILE}, tiles_n = (N + {TILE - 1}) / {TILE};
     for (int z = blockIdx.z; z < Z; z += gridDim.z) {{
-        const {mem_ctype(a_dt)}* a = A + (long long)(z / batch1) * sa0 + (long long)(z % batch1) * sa1;
-        const {mem_ctype(b_dt)}* b = B + (long long)(z / batch1) * sb0 + (long long)(z % batch1) * sb1;
+        const long long z0 = z / batch1, z1 = z % batch1;
+        const {mem_ctype(a_dt)}* a = A + z0 * sa0 + z1 * sa1;
+        const {mem_ctype(b_dt)}* b = B + z0 * sb0 + z1 * sb1;
         {mem_ctype(c_dt)}* c = C + (long long)z * M * N;
         for (int tm = blockIdx.y; tm < tiles_m; tm += gridDim.y)
         for (int tn = blockIdx.x; tn < tiles_n; tn += gridDim.x) {{
@@ -101,7 +95,7 @@ def gemm_kernel(mw: ModuleWriter, a_dt: str, b_dt: str, c_dt: str, ta: bool, tb:
                 if (gi >= M) continue;
                 for (int j = 0; j < 4; ++j) {{
                     const int gj = col0 + tx + 16 * j;
-                    if (gj < N) c[(long long)gi * N + gj] = {_store(c_dt, "r[i][j]")};
+                    if (gj < N) c[(long long)gi * N + gj] = {store_acc(c_dt, "r[i][j]")};
                 }}
             }}
         }}

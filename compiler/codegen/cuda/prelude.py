@@ -46,7 +46,8 @@ __device__ __forceinline__ unsigned short hyb_d2h(double d) {
     }
     if (ax >= 0x40effe0000000000ULL) return (unsigned short)(sign | 0x7c00u);
     if (ax < 0x3f10000000000000ULL)
-        return (unsigned short)(sign | (unsigned)rint(__longlong_as_double((long long)ax) * 0x1p24));
+        return (unsigned short)(sign |
+                                (unsigned)rint(__longlong_as_double((long long)ax) * 0x1p24));
     const unsigned long long r = ax - 0x3f00000000000000ULL;
     return (unsigned short)(sign | (unsigned)((r + 0x1ffffffffffULL + ((r >> 42) & 1ULL)) >> 42));
 }
@@ -117,17 +118,24 @@ __device__ __forceinline__ T hyb_ipow(T x, T y) {
 }
 """
 
-_SHUFFLES = r"""
-#define HYB_FULL_WARP 0xffffffffu
-__device__ __forceinline__ float hyb_shfl_down(float v, int d) { return __shfl_down_sync(HYB_FULL_WARP, v, d); }
-__device__ __forceinline__ double hyb_shfl_down(double v, int d) { return __shfl_down_sync(HYB_FULL_WARP, v, d); }
-__device__ __forceinline__ int hyb_shfl_down(int v, int d) { return __shfl_down_sync(HYB_FULL_WARP, v, d); }
-__device__ __forceinline__ long long hyb_shfl_down(long long v, int d) { return __shfl_down_sync(HYB_FULL_WARP, v, d); }
-__device__ __forceinline__ unsigned long long hyb_shfl_down(unsigned long long v, int d) { return __shfl_down_sync(HYB_FULL_WARP, v, d); }
-__device__ __forceinline__ bool hyb_shfl_down(bool v, int d) { return __shfl_down_sync(HYB_FULL_WARP, (int)v, d) != 0; }
-__device__ __forceinline__ signed char hyb_shfl_down(signed char v, int d) { return (signed char)__shfl_down_sync(HYB_FULL_WARP, (int)v, d); }
-__device__ __forceinline__ unsigned char hyb_shfl_down(unsigned char v, int d) { return (unsigned char)__shfl_down_sync(HYB_FULL_WARP, (int)v, d); }
-"""
+# __shfl_down_sync for every register type: bool and 8-bit integers travel as int
+_SHUFFLE_TYPES = (("float", None), ("double", None), ("int", None), ("long long", None),
+                  ("unsigned long long", None), ("bool", "!= 0"), ("signed char", "cast"),
+                  ("unsigned char", "cast"))
+
+
+def _shuffles() -> str:
+    lines = []
+    for t, how in _SHUFFLE_TYPES:
+        v = "v" if how is None else "(int)v"
+        call = f"__shfl_down_sync(0xffffffffu, {v}, d)"
+        if how == "!= 0":
+            call = f"{call} != 0"
+        elif how == "cast":
+            call = f"({t}){call}"
+        lines.append(f"__device__ __forceinline__ {t} hyb_shfl_down({t} v, int d) {{\n"
+                     f"    return {call};\n}}")
+    return "\n".join(lines)
 
 
 def _instantiate(template: str, **names) -> str:
@@ -151,5 +159,5 @@ def prelude() -> str:
         parts.append(_instantiate(_SIGNED_TEMPLATE, U=u, T=t).strip("\n"))
     for t, u in (("unsigned char", "unsigned"), ("unsigned long long", "unsigned long long")):
         parts.append(_instantiate(_UNSIGNED_TEMPLATE, U=u, T=t).strip("\n"))
-    parts.append(_SHUFFLES.strip("\n"))
+    parts.append(_shuffles())
     return "\n".join(parts) + "\n"

@@ -26,7 +26,7 @@ import math
 from ..kernel import LoopKernel
 from ..scalar import Typed, reduce_scalar
 from .loops import PointEval, accesses, emit_elementwise, slot_limits
-from .scalar import Code, CudaScalarBuilder, literal, reg_ctype, store_expr
+from .scalar import Code, CudaScalarBuilder, dtype_tag, literal, reg_ctype, store_expr
 from .writer import (BLOCK, MAX_GRID, KernelWriter, ModuleWriter, ceil_div, decompose,
                      grid_for, index_type, linear_expr)
 
@@ -36,11 +36,6 @@ SPLIT_MAX_OUTPUTS = 128  # split outputs this few ...
 SPLIT_MIN_POINTS = 1 << 14  # ... with this many points each
 SPLIT_CHUNK = 1 << 12  # points per partial block at least
 SPLIT_BLOCKS = 512  # blocks to aim for across all outputs
-
-
-def dtype_tag(dt: str) -> str:
-    return {"float16": "f16", "float32": "f32", "float64": "f64", "int8": "i8", "uint8": "u8",
-            "int32": "i32", "int64": "i64", "bool": "b"}[dt]
 
 
 def identity(op: str, dt: str) -> str:
@@ -173,13 +168,14 @@ class _Reduction:
                          index_of)
 
     def _accumulators(self, kw):
-        """One accumulator per output, set to its identity; (names, dtypes)."""
+        """One accumulator per output: a reduced output's starts at its identity (a plain
+        one, beside reductions over nothing, just holds its value); (names, dtypes)."""
         names, dts = [], []
         for j, o in enumerate(self.k.outputs):
             dt = self.slots[o.access.slot].dtype
-            name = f"acc{j}"
-            kw.code.line(f"{reg_ctype(dt)} {name} = {identity(o.reduce, dt)};")
-            names.append(name)
+            init = identity(o.reduce, dt) if o.reduce else literal(0, dt)
+            kw.code.line(f"{reg_ctype(dt)} acc{j} = {init};")
+            names.append(f"acc{j}")
             dts.append(dt)
         return names, dts
 
@@ -187,21 +183,24 @@ class _Reduction:
         pe = self._point(kw, coords)
         values = [pe.output(j) for j in range(len(self.k.outputs))]
         for j, (o, v) in enumerate(zip(self.k.outputs, values)):
-            comb = combine_fn(self.mw, o.reduce, dts[j])
-            kw.code.line(f"{accs[j]} = {comb}({accs[j]}, {v.v});")
+            if o.reduce is None:
+                kw.code.line(f"{accs[j]} = {v.v};")
+            else:
+                kw.code.line(f"{accs[j]} = {combine_fn(self.mw, o.reduce, dts[j])}"
+                             f"({accs[j]}, {v.v});")
 
-    def _store_outputs(self, kw, kept_coords, values):
-        """out = identity combined with each accumulated value (the IR's definition)."""
+    def _store_outputs(self, kw, kept_coords, accs, with_identity: bool):
+        """Store each output. ``with_identity``: out = identity combined with the
+        accumulator (the IR's definition; a tree's result was not started from it)."""
         full = [kept_coords.get(d, "0") for d in range(len(self.shape))]
-        for o, v in zip(self.k.outputs, values):
+        for o, a in zip(self.k.outputs, accs):
             acc = o.access
             dt = self.slots[acc.slot].dtype
-            ptr = kw.ptr(acc.slot, write=True)
-            if o.reduce is None:
-                val = v
-            else:
-                val = f"{combine_fn(self.mw, o.reduce, dt)}({identity(o.reduce, dt)}, {v})"
-            kw.code.line(f"{ptr}[{linear_expr(acc.offset, zip(full, acc.strides))}] = "
+            val = a
+            if with_identity and o.reduce is not None:
+                val = f"{combine_fn(self.mw, o.reduce, dt)}({identity(o.reduce, dt)}, {a})"
+            kw.code.line(f"{kw.ptr(acc.slot, write=True)}"
+                         f"[{linear_expr(acc.offset, zip(full, acc.strides))}] = "
                          f"{store_expr(dt, val)};")
 
     @staticmethod
@@ -223,42 +222,12 @@ class _Reduction:
         code = kw.code
         with kw.grid_stride(it, self.M, "m"):
             kept = self._kept_coords(code, it, "m")
-            accs, dts = self._plain_or_identity(kw)
+            accs, dts = self._accumulators(kw)
             with nested_loops(code, it, self.shape, self.red,
                               [code.fresh("r") for _ in self.red]) as red:
-                self._accumulate_or_assign(kw, {**kept, **red}, accs, dts)
-            self._store_serial(kw, kept, accs, dts)
+                self._accumulate(kw, {**kept, **red}, accs, dts)
+            self._store_outputs(kw, kept, accs, with_identity=False)  # folded from it
         kw.finish(grid, BLOCK)
-
-    def _plain_or_identity(self, kw):
-        """Serial accumulators: a reduced output starts at its identity; a plain one (only
-        where nothing is reduced) just holds its value."""
-        names, dts = [], []
-        for j, o in enumerate(self.k.outputs):
-            dt = self.slots[o.access.slot].dtype
-            init = identity(o.reduce, dt) if o.reduce else literal(0, dt)
-            kw.code.line(f"{reg_ctype(dt)} acc{j} = {init};")
-            names.append(f"acc{j}")
-            dts.append(dt)
-        return names, dts
-
-    def _accumulate_or_assign(self, kw, coords, accs, dts):
-        pe = self._point(kw, coords)
-        values = [pe.output(j) for j in range(len(self.k.outputs))]
-        for j, (o, v) in enumerate(zip(self.k.outputs, values)):
-            if o.reduce is None:
-                kw.code.line(f"{accs[j]} = {v.v};")
-            else:
-                kw.code.line(f"{accs[j]} = {combine_fn(self.mw, o.reduce, dts[j])}"
-                             f"({accs[j]}, {v.v});")
-
-    def _store_serial(self, kw, kept, accs, dts):
-        """Serial accumulators started at the identity: they are the outputs."""
-        full = [kept.get(d, "0") for d in range(len(self.shape))]
-        for o, a, dt in zip(self.k.outputs, accs, dts):
-            ptr = kw.ptr(o.access.slot, write=True)
-            kw.code.line(f"{ptr}[{linear_expr(o.access.offset, zip(full, o.access.strides))}]"
-                         f" = {store_expr(dt, a)};")
 
     def _block(self):
         block = min(BLOCK, ceil_div(self.R, 32) * 32)
@@ -275,7 +244,7 @@ class _Reduction:
                 self._accumulate(kw, {**kept, **self._red_coords(code, it, "r")}, accs, dts)
             self._tree(kw, accs, dts)
             with code.block("if (threadIdx.x == 0)"):
-                self._store_outputs(kw, kept, accs)
+                self._store_outputs(kw, kept, accs, with_identity=True)
         kw.finish(grid, block)
 
     def _split(self, parts):
@@ -318,7 +287,7 @@ class _Reduction:
                     code.line(f"{accs[j]} = {comb}({accs[j]}, {w}[m * {parts} + p]);")
             self._tree(kw, accs, dts)
             with code.block("if (threadIdx.x == 0)"):
-                self._store_outputs(kw, kept, accs)
+                self._store_outputs(kw, kept, accs, with_identity=True)
         kw.finish(grid, block)
 
 

@@ -28,7 +28,8 @@ REG_CTYPES = {"float16": "float", "float32": "float", "float64": "double",
 MEM_CTYPES = dict(REG_CTYPES, float16="unsigned short", bool="unsigned char")
 # the unsigned type that wrapping arithmetic of each signed type runs in
 _WRAP = {"int32": "unsigned", "int64": "unsigned long long"}
-_INT_BITS = {"int8": 8, "uint8": 8, "int32": 32, "int64": 64, "uint64": 64}
+_TAGS = {"float16": "f16", "float32": "f32", "float64": "f64", "int8": "i8", "uint8": "u8",
+         "int32": "i32", "int64": "i64", "bool": "b"}
 
 
 def reg_ctype(dtype: str) -> str:
@@ -46,6 +47,19 @@ def load_expr(dtype: str, ref: str) -> str:
     if dtype == "bool":
         return f"({ref} != 0)"
     return ref
+
+
+def dtype_tag(dtype: str) -> str:
+    """A short name of ``dtype`` for helper and kernel names (f32, i64, ...)."""
+    return _TAGS[dtype]
+
+
+def store_acc(dtype: str, acc: str) -> str:
+    """The memory form of accumulator ``acc`` (float, double or an unsigned integer that
+    holds the sum modulo 2^bits) as ``dtype``."""
+    if dtype == "float16":
+        return f"hyb_f2h({acc})"
+    return f"({MEM_CTYPES[dtype]})({acc})"
 
 
 def store_expr(dtype: str, value: str) -> str:
@@ -67,7 +81,8 @@ def float_literal(value: float, dtype: str) -> str:
     if math.isinf(value):
         if single:
             return f"__uint_as_float({'0xff800000u' if value < 0 else '0x7f800000u'})"
-        return f"__longlong_as_double({'(long long)0xfff0000000000000ULL' if value < 0 else '0x7ff0000000000000LL'})"
+        bits = "(long long)0xfff0000000000000ULL" if value < 0 else "0x7ff0000000000000LL"
+        return f"__longlong_as_double({bits})"
     text = value.hex() + ("f" if single else "")
     return f"({text})" if text.startswith("-") else text
 
@@ -241,7 +256,3 @@ class CudaScalarBuilder(ScalarBuilder):
 
     def _not(self, v):
         return self.emit("bool", f"(!{v})")
-
-
-def int_bits(dtype: str) -> int:
-    return _INT_BITS[dtype]
