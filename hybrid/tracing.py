@@ -380,7 +380,6 @@ class Compiled:
     # (leaf, output index, input positions, parameter positions it is computed from)
     input_writes: list = dataclasses.field(default_factory=list)
     first_keys: list = dataclasses.field(default_factory=list)  # the tracing call's keys
-    out_sources: list = None  # per graph output, _sources(): made by the first recorded call
 
     @property
     def uses_key(self) -> bool:
@@ -662,8 +661,14 @@ def _training(entry, device, needs):
         fwd = compile_graph(tg.forward, entry.backend, device)
         bwd = compile_graph(tg.backward, entry.backend, device)
         _compiles[0] += 2
+        # outputs computed from nothing that needs a gradient get no autograd node, as
+        # eagerly (a constant, or the batch alone): their positions, once per `needs`
+        n_in = len(g.inputs)
+        untracked = tuple(k for k, o in enumerate(g.outputs) if not any(
+            needs[j] for j in _sources(g, o)[0]) and not any(
+            needs[n_in + j] for j in _sources(g, o)[1]))
         compiled = entry.train[needs] = (tg, fwd, bwd, wrt_in, wrt_par, Caller(fwd, device),
-                                         Caller(bwd, device))
+                                         Caller(bwd, device), untracked)
     return compiled
 
 
@@ -673,7 +678,8 @@ def _run_training(entry, inputs, handles, device, name):
     the engine), the backward one when autograd asks for it."""
     record_custom = sys.modules["hybrid.autograd"].record_custom  # imported by hybrid/__init__
     needs = tuple(_needs_grad(a) for a in inputs) + tuple(_needs_grad(h) for h in handles)
-    tg, fwd, bwd, wrt_in, wrt_par, run_fwd, run_bwd = _training(entry, device, needs)
+    tg, fwd, bwd, wrt_in, wrt_par, run_fwd, run_bwd, untracked = _training(entry, device,
+                                                                          needs)
     outs = run_fwd(inputs, handles, name)
     g = entry.graph
     n_out = len(g.outputs)
@@ -700,12 +706,8 @@ def _run_training(entry, inputs, handles, device, name):
         return result
 
     record_custom(f"hybridized:{name}", record_inputs, user_outs, backward_fn)
-    if entry.out_sources is None:
-        entry.out_sources = [_sources(g, o) for o in g.outputs]
-    for o, (from_inputs, from_params) in zip(user_outs, entry.out_sources):
-        if not (any(needs[j] for j in from_inputs) or
-                any(needs[len(inputs) + j] for j in from_params)):
-            o._node = None  # as eager: computed from nothing tracked (a constant, the batch)
+    for k in untracked:
+        user_outs[k]._node = None
     return outs
 
 
