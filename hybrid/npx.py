@@ -12,6 +12,7 @@ import sys
 import numpy as np
 
 from compiler.ops import composite as _c
+from compiler.ops import composite_nn as _c_nn
 
 from . import _state
 from .checkpoint import load_arrays as _load_arrays, save  # noqa: F401 - npx.save
@@ -75,7 +76,34 @@ _ACTIVATIONS = {
     "softrelu": lambda x: _c.softrelu(F, x),
     "softsign": lambda x: x / (abs(x) + 1),
     "gelu": lambda x: _c.gelu(F, x),
+    "silu": lambda x: silu(x),
 }
+ACT_TYPES = tuple(_ACTIVATIONS)  # the act_type names (nn.Activation takes these)
+
+
+def silu(data, beta=1.0):
+    """x * sigmoid(beta * x) (SiLU; Swish for other beta)."""
+    return _c_nn.silu(F, data, beta)
+
+
+def leaky_relu(data, gamma=None, act_type="leaky", slope=0.25):
+    """MXNet's LeakyReLU family: 'leaky' (slope * x below 0), 'prelu' (gamma * x below 0,
+    gamma one value or one per channel), 'elu' (slope * (exp(x) - 1) below 0), 'selu' and
+    'gelu'."""
+    if act_type == "leaky":
+        return F.where(F.gt(data, 0.0), data, F.mul(data, float(slope)))
+    if act_type == "prelu":
+        if gamma is None:
+            raise ValueError("leaky_relu: act_type='prelu' needs gamma")
+        return _c_nn.prelu(F, data, gamma)
+    if act_type == "elu":
+        return _c_nn.elu(F, data, slope)
+    if act_type == "selu":
+        return _c_nn.selu(F, data)
+    if act_type == "gelu":
+        return _c.gelu(F, data)
+    raise ValueError(f"leaky_relu: act_type must be 'leaky', 'prelu', 'elu', 'selu' or "
+                     f"'gelu', got {act_type!r}")
 
 
 def activation(data, act_type="relu"):
@@ -91,33 +119,81 @@ def _dtype_of(a) -> str:
     return dt if dt is not None else np.asarray(a).dtype.name
 
 
-def convolution(data, weight, bias=None, kernel=None, stride=(1, 1), dilate=(1, 1), pad=(0, 0),
-                num_filter=None, num_group=1, no_bias=False, layout="NCHW"):
-    if layout != "NCHW":
-        raise ValueError(f"convolution: only layout='NCHW' is supported, got {layout!r}")
-    if kernel is not None and tuple(weight.shape[2:]) != tuple(_pair(kernel)):
-        raise ValueError(f"convolution: kernel={kernel} but weight has shape {weight.shape}")
-    if num_filter is not None and weight.shape[0] != num_filter:
-        raise ValueError(f"convolution: num_filter={num_filter} but weight has "
-                         f"{weight.shape[0]} filters")
-    # conv2d takes one dtype: mixed operands (a float32 batch, float64 weights after
-    # net.cast('float64')) are promoted as NumPy (and eager matmul) would
+_LAYOUTS = {1: "NCW", 2: "NCHW", 3: "NCDHW"}
+
+
+def _check_layout(who, layout, nd):
+    if layout is not None and layout != _LAYOUTS.get(nd):
+        raise ValueError(f"{who}: only the channels-first layout ({_LAYOUTS.get(nd)} for "
+                         f"{nd}-d windows) is supported, got {layout!r}")
+
+
+def _one_dtype(data, weight):
+    """Convolutions take one dtype: mixed operands (a float32 batch, float64 weights after
+    net.cast('float64')) are promoted as NumPy (and eager matmul) would."""
     dt = np.result_type(_dtype_of(data), _dtype_of(weight)).name
     if _dtype_of(data) != dt:
         data = data.astype(dt)
     if _dtype_of(weight) != dt:
         weight = weight.astype(dt)
-    out = apply("conv2d", (data, weight), {"stride": _pair(stride), "pad": _pair(pad),
-                                           "dilation": _pair(dilate), "groups": num_group})
-    if bias is not None and not no_bias:
-        out = out + bias.reshape((1, -1, 1, 1))
-    return out
+    return data, weight
 
 
-def pooling(data, kernel=(1, 1), stride=None, pad=(0, 0), pool_type="max", global_pool=False,
-            count_include_pad=True, layout="NCHW"):
-    if layout != "NCHW":
-        raise ValueError(f"pooling: only layout='NCHW' is supported, got {layout!r}")
+def _add_bias(out, bias, no_bias):
+    if bias is None or no_bias:
+        return out
+    return out + bias.reshape((1, -1) + (1,) * (out.ndim - 2))
+
+
+def convolution(data, weight, bias=None, kernel=None, stride=1, dilate=1, pad=0,
+                num_filter=None, num_group=1, no_bias=False, layout=None):
+    """Cross-correlation over 1 (NCW) or 2 (NCHW) spatial axes; weight (num_filter,
+    C / num_group, *kernel)."""
+    nd = weight.ndim - 2
+    _check_layout("convolution", layout, nd)
+    if kernel is not None and tuple(weight.shape[2:]) != (
+            tuple(_pair(kernel)) if nd == 2 else _c_nn._tuple(kernel, nd, "kernel", "conv")):
+        raise ValueError(f"convolution: kernel={kernel} but weight has shape {weight.shape}")
+    if num_filter is not None and weight.shape[0] != num_filter:
+        raise ValueError(f"convolution: num_filter={num_filter} but weight has "
+                         f"{weight.shape[0]} filters")
+    data, weight = _one_dtype(data, weight)
+    if nd == 2:
+        out = apply("conv2d", (data, weight), {"stride": _pair(stride), "pad": _pair(pad),
+                                               "dilation": _pair(dilate), "groups": num_group})
+    else:
+        out = _c_nn.convolution(F, data, weight, stride, pad, dilate, num_group)
+    return _add_bias(out, bias, no_bias)
+
+
+def deconvolution(data, weight, bias=None, kernel=None, stride=1, dilate=1, pad=0, adj=0,
+                  target_shape=None, num_filter=None, num_group=1, no_bias=False, layout=None):
+    """The transposed convolution over 1 or 2 spatial axes; weight (C_in, num_filter /
+    num_group, *kernel), MXNet's layout. Each output size is (n - 1) * stride - 2 * pad +
+    dilate * (k - 1) + 1 + adj."""
+    nd = weight.ndim - 2
+    _check_layout("deconvolution", layout, nd)
+    if target_shape:
+        raise ValueError("deconvolution: target_shape is not supported; give pad and adj")
+    if kernel is not None and tuple(weight.shape[2:]) != _c_nn._tuple(kernel, nd, "kernel",
+                                                                      "deconvolution"):
+        raise ValueError(f"deconvolution: kernel={kernel} but weight has shape {weight.shape}")
+    if num_filter is not None and weight.shape[1] * num_group != num_filter:
+        raise ValueError(f"deconvolution: num_filter={num_filter} but weight {weight.shape} "
+                         f"with num_group={num_group} makes {weight.shape[1] * num_group}")
+    data, weight = _one_dtype(data, weight)
+    out = _c_nn.deconvolution(F, data, weight, stride, pad, dilate, num_group, adj)
+    return _add_bias(out, bias, no_bias)
+
+
+def pooling(data, kernel=1, stride=None, pad=0, pool_type="max", global_pool=False,
+            count_include_pad=True, layout=None):
+    """Max or average pooling over 1 (NCW), 2 (NCHW) or 3 (NCDHW) spatial axes."""
+    nd = data.ndim - 2
+    _check_layout("pooling", layout, nd)
+    if nd != 2:
+        return _c_nn.pooling(F, data, pool_type, kernel, stride, pad, bool(global_pool),
+                             bool(count_include_pad))
     return apply("pool2d", (data,), {
         "pool_type": pool_type, "kernel": _pair(kernel),
         "stride": None if stride is None else _pair(stride), "pad": _pair(pad),

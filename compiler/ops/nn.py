@@ -141,7 +141,15 @@ def _grad_data_impl(xp, g, w, data_shape, stride=1, pad=0, dilation=1, groups=1)
     return dpad[:, :, pad[0]:pad[0] + h, pad[1]:pad[1] + wd]
 
 
+def _grad_data_grad(F, i, out, dy, data_shape, **kw):
+    """conv2d_grad_data is also the transposed convolution (Conv2DTranspose): y = W^T g, so
+    dg = W dy (a convolution) and dW pairs dy with g as conv2d's weight gradient does."""
+    g, w = i
+    return (F.conv2d(dy, w, **kw), F.conv2d_grad_weight(dy, g, weight_shape=tuple(w.shape), **kw))
+
+
 register("conv2d_grad_data", "extern", infer=_grad_data_infer, impl=_grad_data_impl,
+         grad=_grad_data_grad,
          dtypes="float", attrs=("data_shape", "stride", "pad", "dilation", "groups"),
          doc="gradient of conv2d with respect to its data (col2im of g @ W)")
 

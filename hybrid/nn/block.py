@@ -25,8 +25,8 @@ import numpy as np
 from .. import _state
 from .parameter import Parameter, ParameterDict, _unique, eager_scope
 
-__all__ = ["Block", "HybridBlock", "Sequential", "HybridSequential", "Lambda", "HybridLambda",
-           "Identity"]
+__all__ = ["Block", "HybridBlock", "Sequential", "HybridSequential", "Concatenate",
+           "HybridConcatenate", "Lambda", "HybridLambda", "Identity"]
 
 _counters: dict = collections.defaultdict(itertools.count)
 _counter_lock = threading.Lock()
@@ -628,6 +628,38 @@ class HybridSequential(_SequentialMixin, HybridBlock):
 
     def __init__(self, prefix=None, params=None):
         HybridBlock.__init__(self, prefix, params)
+
+
+class _ConcatenateMixin(_SequentialMixin):
+    def __init__(self, axis=-1, prefix=None, params=None):
+        self._base.__init__(self, prefix, params)
+        self._axis = axis
+
+    def forward(self, x):
+        """Every child sees ``x``; their outputs are joined along ``axis``."""
+        from ..ndarray import concatenate  # noqa: PLC0415 - ndarray is loaded by now
+        return concatenate([block(x) for block in self._children.values()], axis=self._axis)
+
+    def __getitem__(self, key):
+        layers = list(self._children.values())[key]
+        if isinstance(key, slice):
+            net = type(self)(axis=self._axis)
+            net.add(*layers)
+            return net
+        return layers
+
+
+class Concatenate(_ConcatenateMixin, Block):
+    """Blocks that all see the same input; their outputs are concatenated along ``axis``
+    (Gluon's Concatenate, the branches of an Inception block)."""
+
+    _base = Block
+
+
+class HybridConcatenate(_ConcatenateMixin, HybridBlock):
+    """Concatenate of HybridBlocks; hybridizes as one graph."""
+
+    _base = HybridBlock
 
 
 def _resolve_fn(function, who):

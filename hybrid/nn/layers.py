@@ -1,5 +1,5 @@
-"""Gluon's layers: Dense, Conv2D, pooling, BatchNorm, Dropout, Flatten, Activation, Embedding,
-LayerNorm.
+"""Gluon's layers: Dense, BatchNorm, Dropout, Flatten, Activation, Embedding, LayerNorm
+(convolutions and pooling: conv_layers.py; activations with parameters: activations.py).
 
 Every ``forward`` is written with hybrid ops and ``hybrid.npx`` functions only (no
 ``asnumpy()``, no Python branching on array values), so layers trace into graphs. Unknown
@@ -17,11 +17,10 @@ from ..ndarray import F
 from .block import HybridBlock
 from .parameter import Parameter
 
-__all__ = ["Dense", "Conv2D", "MaxPool2D", "AvgPool2D", "GlobalAvgPool2D", "GlobalMaxPool2D",
-           "BatchNorm", "Dropout", "Flatten", "Activation", "LeakyReLU", "Embedding",
+__all__ = ["Dense", "BatchNorm", "Dropout", "Flatten", "Activation", "LeakyReLU", "Embedding",
            "LayerNorm"]
 
-ACTIVATIONS = ("relu", "sigmoid", "tanh", "softrelu", "softsign", "gelu")
+ACTIVATIONS = npx.ACT_TYPES  # npx.activation's table: one list of the names
 
 
 def _dev(x):
@@ -42,22 +41,13 @@ def _float_input(layer, x, param):
                         f"cast the input first: x.astype('{want}')")
 
 
-def _pair(v, name, who):
-    if isinstance(v, int):
-        return (v, v)
-    v = tuple(int(a) for a in v)
-    if len(v) != 2:
-        raise ValueError(f"{who}: {name} must be an int or a pair of ints, got {v}")
-    return v
-
-
 def _opt_act(activation):
     return Activation(activation) if activation is not None else None
 
 
 class Activation(HybridBlock):
-    """An elementwise activation: 'relu', 'sigmoid', 'tanh', 'softrelu', 'softsign' or
-    'gelu'."""
+    """An elementwise activation: 'relu', 'sigmoid', 'tanh', 'softrelu', 'softsign', 'gelu'
+    or 'silu'."""
 
     def __init__(self, activation: str, **kwargs):
         super().__init__(**kwargs)
@@ -127,123 +117,6 @@ class Dense(HybridBlock):
     def __repr__(self):
         shape = self.weight.shape
         return f"Dense({shape[1] or None} -> {shape[0]}, {self.act if self.act else 'linear'})"
-
-
-class Conv2D(HybridBlock):
-    """2-D convolution over NCHW input; weight (channels, in_channels / groups, kh, kw)."""
-
-    def __init__(self, channels: int, kernel_size, strides=1, padding=0, dilation=1,
-                 groups: int = 1, layout: str = "NCHW", activation=None, use_bias: bool = True,
-                 weight_initializer=None, bias_initializer="zeros", in_channels: int = 0,
-                 dtype="float32", **kwargs):
-        super().__init__(**kwargs)
-        if layout != "NCHW":
-            raise ValueError(f"Conv2D: only layout='NCHW' is supported, got {layout!r}")
-        if int(channels) <= 0 or int(groups) <= 0 or channels % groups:
-            raise ValueError(f"Conv2D: channels ({channels}) must be a positive multiple of "
-                             f"groups ({groups})")
-        if in_channels % groups:
-            raise ValueError(f"Conv2D: in_channels ({in_channels}) must be a multiple of "
-                             f"groups ({groups})")
-        self._channels = int(channels)
-        self._kernel = _pair(kernel_size, "kernel_size", "Conv2D")
-        self._strides = _pair(strides, "strides", "Conv2D")
-        self._padding = _pair(padding, "padding", "Conv2D")
-        self._dilation = _pair(dilation, "dilation", "Conv2D")
-        self._groups = int(groups)
-        self.weight = Parameter("weight", shape=(self._channels, in_channels // groups)
-                                + self._kernel, dtype=dtype, init=weight_initializer)
-        self.bias = Parameter("bias", shape=(self._channels,), dtype=dtype,
-                              init=bias_initializer) if use_bias else None
-        self.act = _opt_act(activation)
-
-    def forward(self, x):
-        _float_input(self, x, self.weight)
-        if len(x.shape) != 4:
-            raise ValueError(f"Conv2D expects NCHW input (4 dimensions), got shape "
-                             f"{tuple(x.shape)}")
-        c = x.shape[1]
-        if c % self._groups:
-            raise ValueError(f"Conv2D: the input has {c} channels, not a multiple of "
-                             f"groups={self._groups}")
-        self.weight._finish_deferred_init((self._channels, c // self._groups) + self._kernel)
-        dev = _dev(x)
-        bias = self.bias.data(dev) if self.bias is not None else None
-        out = npx.convolution(x, self.weight.data(dev), bias, stride=self._strides,
-                              dilate=self._dilation, pad=self._padding,
-                              num_group=self._groups, no_bias=bias is None)
-        return self.act(out) if self.act is not None else out
-
-    def __repr__(self):
-        shape = self.weight.shape
-        s = (f"Conv2D({shape[1] * self._groups or None} -> {shape[0]}, "
-             f"kernel_size={self._kernel}, stride={self._strides}")
-        if self._padding != (0, 0):
-            s += f", padding={self._padding}"
-        if self._dilation != (1, 1):
-            s += f", dilation={self._dilation}"
-        if self._groups != 1:
-            s += f", groups={self._groups}"
-        if self.bias is None:
-            s += ", bias=False"
-        if self.act is not None:
-            s += f", {self.act}"
-        return s + ")"
-
-
-class _Pool2D(HybridBlock):
-    _pool_type = "max"
-
-    def __init__(self, pool_size=2, strides=None, padding=0, layout: str = "NCHW",
-                 ceil_mode: bool = False, count_include_pad: bool = True,
-                 global_pool: bool = False, **kwargs):
-        super().__init__(**kwargs)
-        who = type(self).__name__
-        if layout != "NCHW":
-            raise ValueError(f"{who}: only layout='NCHW' is supported, got {layout!r}")
-        if ceil_mode and not global_pool:
-            raise ValueError(f"{who}: ceil_mode=True is not supported; pad the input instead")
-        self._size = _pair(pool_size, "pool_size", who)
-        self._strides = self._size if strides is None else _pair(strides, "strides", who)
-        self._padding = _pair(padding, "padding", who)
-        self._global = global_pool
-        self._count_include_pad = count_include_pad
-
-    def forward(self, x):
-        return npx.pooling(x, kernel=self._size, stride=self._strides, pad=self._padding,
-                           pool_type=self._pool_type, global_pool=self._global,
-                           count_include_pad=self._count_include_pad)
-
-    def __repr__(self):
-        return (f"{type(self).__name__}(size={self._size}, stride={self._strides}, "
-                f"padding={self._padding}, ceil_mode={self._global}, "
-                f"global_pool={self._global}, pool_type={self._pool_type}, layout=NCHW)")
-
-
-class MaxPool2D(_Pool2D):
-    """Max pooling over pool_size windows (strides default to pool_size)."""
-    _pool_type = "max"
-
-
-class AvgPool2D(_Pool2D):
-    """Average pooling (count_include_pad=True counts padding zeros, as MXNet does)."""
-    _pool_type = "avg"
-
-
-class GlobalMaxPool2D(_Pool2D):
-    """Max over each channel's whole map: (N, C, H, W) -> (N, C, 1, 1)."""
-    _pool_type = "max"
-
-    def __init__(self, layout: str = "NCHW", **kwargs):
-        super().__init__((1, 1), (1, 1), 0, layout, True, True, True, **kwargs)
-
-
-class GlobalAvgPool2D(_Pool2D):
-    """Mean over each channel's whole map: (N, C, H, W) -> (N, C, 1, 1)."""
-    _pool_type = "avg"
-
-    def __init__(self, layout: str = "NCHW", **kwargs):
-        super().__init__((1, 1), (1, 1), 0, layout, True, True, True, **kwargs)
 
 
 class BatchNorm(HybridBlock):

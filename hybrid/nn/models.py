@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from .. import npx
 from .block import HybridBlock, HybridSequential
-from .layers import Activation, AvgPool2D, BatchNorm, Conv2D, Dense, GlobalAvgPool2D
+from .conv_layers import AvgPool2D, Conv2D, GlobalAvgPool2D
+from .layers import Activation, BatchNorm, Dense
 
 __all__ = ["mlp", "lenet", "Residual", "resnet_block", "resnet18"]
 
