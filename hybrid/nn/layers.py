@@ -168,6 +168,24 @@ class BatchNorm(HybridBlock):
         return f"BatchNorm({content}, in_channels={self.gamma.shape[0] or None})"
 
 
+def scale_shift_params(block, channels, center, scale, beta_initializer, gamma_initializer,
+                       dtype):
+    """A normalization layer's per-channel ``gamma`` (trained when ``scale``) and ``beta``
+    (trained when ``center``); 0 channels: learned at the first input."""
+    block._center, block._scale = center, scale
+    block.gamma = Parameter("gamma", shape=(channels,), init=gamma_initializer, dtype=dtype,
+                            grad_req="write" if scale else "null", differentiable=scale)
+    block.beta = Parameter("beta", shape=(channels,), init=beta_initializer, dtype=dtype,
+                           grad_req="write" if center else "null", differentiable=center)
+
+
+def _scale_shift_ready(block, x, channels):
+    """Finish gamma's and beta's deferred shapes for ``channels``; the input's device."""
+    block.gamma._finish_deferred_init((channels,))
+    block.beta._finish_deferred_init((channels,))
+    return _dev(x)
+
+
 class LayerNorm(HybridBlock):
     """Layer normalization over ``axis`` (the last by default)."""
 
@@ -177,20 +195,12 @@ class LayerNorm(HybridBlock):
         super().__init__(**kwargs)
         self._axis = axis
         self._eps = float(epsilon)
-        self._center, self._scale = center, scale
-        self.gamma = Parameter("gamma", shape=(in_channels,), init=gamma_initializer,
-                               dtype=dtype, grad_req="write" if scale else "null",
-                               differentiable=scale)
-        self.beta = Parameter("beta", shape=(in_channels,), init=beta_initializer,
-                              dtype=dtype, grad_req="write" if center else "null",
-                              differentiable=center)
+        scale_shift_params(self, in_channels, center, scale, beta_initializer,
+                           gamma_initializer, dtype)
 
     def forward(self, x):
         _float_input(self, x, self.gamma)
-        c = (x.shape[self._axis],)
-        self.gamma._finish_deferred_init(c)
-        self.beta._finish_deferred_init(c)
-        dev = _dev(x)
+        dev = _scale_shift_ready(self, x, x.shape[self._axis])
         return npx.layer_norm(x, self.gamma.data(dev), self.beta.data(dev), axis=self._axis,
                               eps=self._eps)
 

@@ -7,8 +7,7 @@ from compiler.ops import composite_nn as _c_nn
 
 from ..ndarray import F
 from .block import HybridBlock
-from .layers import _dev, _float_input
-from .parameter import Parameter
+from .layers import _float_input, _scale_shift_ready, scale_shift_params
 
 __all__ = ["GroupNorm", "InstanceNorm"]
 
@@ -18,13 +17,8 @@ class _GroupNorm(HybridBlock):
                  in_channels, dtype, **kwargs):
         super().__init__(**kwargs)
         self._eps = float(epsilon)
-        self._center, self._scale = center, scale
-        self.gamma = Parameter("gamma", shape=(in_channels,), init=gamma_initializer,
-                               dtype=dtype, grad_req="write" if scale else "null",
-                               differentiable=scale)
-        self.beta = Parameter("beta", shape=(in_channels,), init=beta_initializer,
-                              dtype=dtype, grad_req="write" if center else "null",
-                              differentiable=center)
+        scale_shift_params(self, in_channels, center, scale, beta_initializer,
+                           gamma_initializer, dtype)
 
     def _groups(self, channels):
         raise NotImplementedError
@@ -35,10 +29,7 @@ class _GroupNorm(HybridBlock):
             raise ValueError(f"{type(self).__name__} expects (N, C, ...) input, got shape "
                              f"{tuple(x.shape)}")
         groups = self._groups(x.shape[1])
-        c = (x.shape[1],)
-        self.gamma._finish_deferred_init(c)
-        self.beta._finish_deferred_init(c)
-        dev = _dev(x)
+        dev = _scale_shift_ready(self, x, x.shape[1])
         return _c_nn.group_norm(F, x, self.gamma.data(dev), self.beta.data(dev), groups,
                                 self._eps)
 
