@@ -411,11 +411,14 @@ class CachedFunction:
         self._epoch = _structure_epoch[0]
         self._tree = fingerprint(owner) if owner is not None else None
 
-    @property
-    def backend(self):
+    def backend_for(self, device) -> str:
+        """The code generator for a call on ``device``: the block's flag, else CUDA C on a GPU
+        and LLVM (or the NumPy reference, without llvmlite) on a CPU."""
         b = self.flags.get("backend")
         if b:
             return b
+        if device.kind == "gpu":
+            return "cuda"
         return "llvm" if _llvm_available() else "reference"
 
     def signature(self, leaves, tree):
@@ -521,7 +524,7 @@ class CachedFunction:
                 g.outputs.append(t._nid)
         g.remove_dead()
         entry = Compiled(sig, g, trace.params, out_tree, n_user, updates,
-                         [d for _, d in trace.key_inputs], self.backend,
+                         [d for _, d in trace.key_inputs], self.backend_for(device),
                          param_devices=trace.param_devices,
                          trace_seconds=time.perf_counter() - t0, input_writes=writes,
                          first_keys=list(trace.first_keys))
