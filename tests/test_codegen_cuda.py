@@ -23,6 +23,8 @@ from compiler.codegen.cuda.emulate import run_program_emulated
 from compiler.codegen.kernel import scalar_arity
 from compiler.ops import REGISTRY, eager_apply, infer_types
 from compiler.ops.core import DTYPE_CLASSES
+from test_codegen_elementwise import RANDOM_CASES
+from test_codegen_extern import POOLS
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
@@ -270,15 +272,6 @@ def test_casts_clip_and_float16_rounding():
 
 
 # -------------------------------------------------------------- sources, random, index
-RANDOM_CASES = [
-    ("random_uniform", dict(shape=(1000,), low=-2.0, high=3.0, dtype="float32")),
-    ("random_uniform", dict(shape=(7, 13), low=0.0, high=1.0, dtype="float64")),
-    ("random_uniform", dict(shape=(37,), low=0.0, high=1.0, dtype="float16")),
-    ("random_normal", dict(shape=(4097,), loc=0.5, scale=2.0, dtype="float32")),
-    ("random_normal", dict(shape=(3, 333), loc=0.0, scale=1.0, dtype="float64")),
-    ("random_randint", dict(shape=(999,), low=-5, high=17, dtype="int64")),
-    ("random_randint", dict(shape=(64,), low=0, high=200, dtype="uint8")),
-]
 SOURCE_OPS = [("arange", dict(start=3, stop=40, step=2, dtype="float32"), (19,)),
               ("arange", dict(start=-1.5, stop=2.0, step=0.25, dtype="float64"), (14,)),
               ("arange", dict(start=5, stop=-6, step=-3, dtype="int32"), (4,)),
@@ -620,17 +613,6 @@ CONVS = [  # (x shape, w shape, attrs)
     ((2, 4, 9, 8), (6, 2, 3, 2), dict(pad=(1, 0), stride=(2, 1), dilation=(2, 1), groups=2)),
     ((1, 3, 5, 5), (2, 3, 5, 5), {}),                       # one output pixel
 ]
-POOLS = [((4, 6, 12, 12), dict(pool_type="avg", kernel=2, stride=2)),
-         ((4, 6, 12, 12), dict(pool_type="max", kernel=2, stride=2)),
-         ((2, 3, 9, 9), dict(pool_type="max", kernel=3, stride=2, pad=1)),
-         ((2, 3, 9, 9), dict(pool_type="avg", kernel=3, stride=2, pad=1)),
-         ((2, 3, 9, 9), dict(pool_type="avg", kernel=3, stride=2, pad=1,
-                             count_include_pad=False)),
-         ((2, 3, 7, 5), dict(pool_type="avg", global_pool=True)),
-         ((2, 3, 7, 5), dict(pool_type="max", global_pool=True)),
-         ((1, 2, 6, 6), dict(pool_type="max", kernel=3, stride=1)),
-         ((3, 2, 7, 9), dict(pool_type="max", kernel=2, stride=3)),
-         ((2, 3, 9, 8), dict(pool_type="avg", kernel=3, stride=2))]
 
 
 @source_case

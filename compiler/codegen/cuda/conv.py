@@ -18,7 +18,7 @@ from ..extern_plan import conv_geometry
 from .reduction import block_reduce_fn
 from .scalar import load_expr, store_acc
 from .writer import (BLOCK, MAX_GRID, KernelWriter, ModuleWriter, ceil_div, decompose,
-                     grid_for, index_type)
+                     grid_stride_kernel, index_type)
 
 ACC = {"float16": ("float", "float32"), "float32": ("float", "float32"),
        "float64": ("double", "float64")}
@@ -38,12 +38,9 @@ def _conv2d(mw: ModuleWriter, step):
     if total == 0:
         return
     acc_t = ACC[X.dtype][0]
-    grid = grid_for(total)
-    it = index_type(total + grid * BLOCK, X.size, W.size)
-    kw = KernelWriter(mw, step.name or "conv2d")
-    code = kw.code
     (sh, sw), (ph, pw), (dh, dw) = g["stride"], g["pad"], g["dil"]
-    with kw.grid_stride(it, total):
+    with grid_stride_kernel(mw, step.name or "conv2d", total, X.size, W.size) as (kw, it):
+        code = kw.code
         n, o, oh, ow = decompose(code, it, "i", (g["n"], g["o"], g["oh"], g["ow"]),
                                  ("n", "o", "oh", "ow"))
         code.line(f"const int y0 = (int){oh} * {sh} - {ph}, x0 = (int){ow} * {sw} - {pw};")
@@ -64,7 +61,6 @@ def _conv2d(mw: ModuleWriter, step):
                     code.line(f"acc += {_term(kw, sx, X.dtype, xi, acc_t)} * "
                               f"{_term(kw, sw_, W.dtype, wi, acc_t)};")
         code.line(f"{kw.ptr(so, write=True)}[i] = {store_acc(X.dtype, 'acc')};")
-    kw.finish(grid, BLOCK)
 
 
 def _conv2d_grad_data(mw: ModuleWriter, step):
@@ -77,12 +73,10 @@ def _conv2d_grad_data(mw: ModuleWriter, step):
     if total == 0:
         return
     acc_t = ACC[G.dtype][0]
-    grid = grid_for(total)
-    it = index_type(total + grid * BLOCK, G.size, W.size)
-    kw = KernelWriter(mw, step.name or "conv2d_grad_data")
-    code = kw.code
     (sh, sw), (ph, pw), (dh, dw) = g["stride"], g["pad"], g["dil"]
-    with kw.grid_stride(it, total):
+    with grid_stride_kernel(mw, step.name or "conv2d_grad_data", total, G.size,
+                            W.size) as (kw, it):
+        code = kw.code
         n, c, ih, iw = decompose(code, it, "i", (g["n"], g["c"], g["h"], g["w"]),
                                  ("n", "c", "ih", "iw"))
         code.line(f"const int grp = (int)({c} / {g['cg']}), ci = (int)({c} % {g['cg']});")
@@ -104,7 +98,6 @@ def _conv2d_grad_data(mw: ModuleWriter, step):
                     code.line(f"acc += {_term(kw, sg, G.dtype, gi, acc_t)} * "
                               f"{_term(kw, sw_, W.dtype, wi, acc_t)};")
         code.line(f"{kw.ptr(so, write=True)}[i] = {store_acc(G.dtype, 'acc')};")
-    kw.finish(grid, BLOCK)
 
 
 def _conv2d_grad_weight(mw: ModuleWriter, step):

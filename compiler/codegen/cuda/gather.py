@@ -17,8 +17,8 @@ import math
 from ..kernel import KernelIRError
 from ..scalar import FLOATS
 from .scalar import load_expr, reg_ctype, store_expr
-from .writer import BLOCK, MAX_GRID, KernelWriter, ModuleWriter, decompose, grid_for, \
-    index_type
+from .writer import (BLOCK, MAX_GRID, KernelWriter, ModuleWriter, decompose,
+                     grid_stride_kernel, index_type)
 
 ATOMIC_TYPES = {"float32": ("float", "float"), "float64": ("double", "double"),
                 "int32": ("int", "int"), "int64": ("unsigned long long", "unsigned long long")}
@@ -52,12 +52,8 @@ def _fill_zero(mw: ModuleWriter, slot: int, label: str):
     s = mw.program.slots[slot]
     if s.size == 0:
         return
-    grid = grid_for(s.size)
-    it = index_type(s.size + grid * BLOCK)
-    kw = KernelWriter(mw, label)
-    with kw.grid_stride(it, s.size):
+    with grid_stride_kernel(mw, label, s.size) as (kw, _):
         kw.code.line(f"{kw.ptr(slot, write=True)}[i] = 0;")  # +0.0 and False are zero bits
-    kw.finish(grid, BLOCK)
 
 
 def _take(mw: ModuleWriter, step):
@@ -77,15 +73,11 @@ def _take(mw: ModuleWriter, step):
         return
     if dim == 0:
         raise KernelIRError("take: cannot take from an empty axis")
-    grid = grid_for(total)
-    it = index_type(total + grid * BLOCK, X.size)
-    kw = KernelWriter(mw, step.name or "take")
-    with kw.grid_stride(it, total):
+    with grid_stride_kernel(mw, step.name or "take", total, X.size) as (kw, it):
         l_, j, r = decompose(kw.code, it, "i", (lead, nj, rest), ("l", "j", "r"))
         ix = _index(kw, si, j, dim, mode)
         kw.code.line(f"{kw.ptr(so, write=True)}[i] = "
                      f"{kw.ptr(sx)}[(({it}){l_} * {dim} + {ix}) * {rest} + {r}];")
-    kw.finish(grid, BLOCK)
 
 
 def _take_grad(mw: ModuleWriter, step):
@@ -104,15 +96,11 @@ def _take_grad(mw: ModuleWriter, step):
         if total * dim == 0:
             return
         ptr_t, val_t = ATOMIC_TYPES[OUT.dtype]
-        grid = grid_for(total)
-        it = index_type(total + grid * BLOCK, OUT.size)
-        kw = KernelWriter(mw, step.name or "take_grad")
-        with kw.grid_stride(it, total):
+        with grid_stride_kernel(mw, step.name or "take_grad", total, OUT.size) as (kw, it):
             l_, j, r = decompose(kw.code, it, "i", (lead, nj, rest), ("l", "j", "r"))
             ix = _index(kw, si, j, dim, mode)
             dst = f"&{kw.ptr(so, write=True)}[(({it}){l_} * {dim} + {ix}) * {rest} + {r}]"
             kw.code.line(f"atomicAdd(({ptr_t}*){dst}, ({val_t}){kw.ptr(sg)}[i]);")
-        kw.finish(grid, BLOCK)
         return
     _take_grad_gather(mw, step, G, OUT, lead, dim, rest, nj, mode)
 
@@ -127,11 +115,9 @@ def _take_grad_gather(mw, step, G, OUT, lead, dim, rest, nj, mode):
         return
     dt = OUT.dtype
     acc_t = {"float16": "float", "bool": "bool"}.get(dt, "unsigned")
-    grid = grid_for(total)
-    it = index_type(total + grid * BLOCK, G.size)
-    kw = KernelWriter(mw, (step.name or "take_grad") + "_gather")
-    code = kw.code
-    with kw.grid_stride(it, total):
+    with grid_stride_kernel(mw, (step.name or "take_grad") + "_gather", total,
+                            G.size) as (kw, it):
+        code = kw.code
         l_, d, r = decompose(code, it, "i", (lead, dim, rest), ("l", "d", "r"))
         code.line(f"{acc_t} acc = ({acc_t})0;")
         with code.block(f"for ({it} j = 0; j < {nj}; ++j)"):
@@ -143,7 +129,6 @@ def _take_grad_gather(mw, step, G, OUT, lead, dim, rest, nj, mode):
                 code.line(f"if ({ix} == {d}) acc += ({acc_t}){g};")
         value = "acc" if dt in ("float16", "bool") else f"({reg_ctype(dt)})acc"
         code.line(f"{kw.ptr(so, write=True)}[i] = {store_expr(dt, value)};")
-    kw.finish(grid, BLOCK)
 
 
 def _pick(mw: ModuleWriter, step):
@@ -155,15 +140,11 @@ def _pick(mw: ModuleWriter, step):
     total = lead * rest
     if total == 0:
         return
-    grid = grid_for(total)
-    it = index_type(total + grid * BLOCK, X.size)
-    kw = KernelWriter(mw, step.name or "pick")
-    with kw.grid_stride(it, total):
+    with grid_stride_kernel(mw, step.name or "pick", total, X.size) as (kw, it):
         l_, r = decompose(kw.code, it, "i", (lead, rest), ("l", "r"))
         ix = _index(kw, si, "i", dim, "clip")
         kw.code.line(f"{kw.ptr(so, write=True)}[i] = "
                      f"{kw.ptr(sx)}[(({it}){l_} * {dim} + {ix}) * {rest} + {r}];")
-    kw.finish(grid, BLOCK)
 
 
 def _better(kind: str, dt: str, v: str, w: str) -> str:
@@ -195,11 +176,8 @@ def _argext(kind: str):
 def _argext_serial(mw, step, kind, X, lead, dim, rest):
     sx, so = step.in_slots[0], step.out_slots[0]
     dt, total = X.dtype, lead * rest
-    grid = grid_for(total)
-    it = index_type(total + grid * BLOCK, X.size)
-    kw = KernelWriter(mw, step.name or kind)
-    code = kw.code
-    with kw.grid_stride(it, total):
+    with grid_stride_kernel(mw, step.name or kind, total, X.size) as (kw, it):
+        code = kw.code
         l_, r = decompose(code, it, "i", (lead, rest), ("l", "r"))
         code.line(f"const {it} base = ({it}){l_} * {dim * rest} + {r};")
         code.line(f"{reg_ctype(dt)} best = {load_expr(dt, f'{kw.ptr(sx)}[base]')};")
@@ -211,7 +189,6 @@ def _argext_serial(mw, step, kind, X, lead, dim, rest):
                 code.line("best = v;")
                 code.line("bi = k;")
         code.line(f"{kw.ptr(so, write=True)}[i] = bi;")
-    kw.finish(grid, BLOCK)
 
 
 def _argext_block(mw, step, kind, X, lead, dim, rest):

@@ -15,7 +15,7 @@ from __future__ import annotations
 from ..extern_plan import pool_geometry
 from ..scalar import Typed
 from .scalar import CudaScalarBuilder, load_expr, reg_ctype, store_expr
-from .writer import BLOCK, KernelWriter, ModuleWriter, decompose, grid_for, index_type
+from .writer import ModuleWriter, decompose, grid_stride_kernel
 
 
 def _window_range(code, origin: str, extent: int, size: int, names):
@@ -26,21 +26,16 @@ def _window_range(code, origin: str, extent: int, size: int, names):
 
 
 def _pool2d(mw: ModuleWriter, step):
-    prog = mw.program
-    (sx,), (so,) = step.in_slots, step.out_slots
-    X = prog.slots[sx]
+    X = mw.program.slots[step.in_slots[0]]
     dt = X.dtype
     g = pool_geometry(X.shape, step.attr_dict)
     total = g["nc"] * g["oh"] * g["ow"]
     if total == 0:
         return
     (kh, kw), (sh, sw), (ph, pw) = g["k"], g["s"], g["p"]
-    grid = grid_for(total)
-    it = index_type(total + grid * BLOCK, X.size)
-    kw_ = KernelWriter(mw, step.name or "pool2d")
-    code = kw_.code
-    sb = CudaScalarBuilder(code)
-    with kw_.grid_stride(it, total):
+    with grid_stride_kernel(mw, step.name or "pool2d", total, X.size) as (kern, it):
+        code = kern.code
+        sb = CudaScalarBuilder(code)
         p, oh, ow = decompose(code, it, "i", (g["nc"], g["oh"], g["ow"]), ("p", "oh", "ow"))
         code.line(f"const int ih0 = (int){oh} * {sh} - {ph}, iw0 = (int){ow} * {sw} - {pw};")
         _window_range(code, "ih0", kh, g["h"], ("a0", "a1"))
@@ -50,27 +45,21 @@ def _pool2d(mw: ModuleWriter, step):
         code.line(f"const long long plane = (long long){p} * {g['h'] * g['w']};")
         with code.block("for (int a = a0; a < a1; ++a)"):
             with code.block("for (int b = b0; b < b1; ++b)"):
-                v = Typed(sb.emit(dt, load_expr(dt, f"{kw_.ptr(sx)}[plane + (long long)(ih0 + a)"
-                                                    f" * {g['w']} + iw0 + b]")), dt)
+                ref = f"{kern.ptr(step.in_slots[0])}[plane + (long long)(ih0 + a) * {g['w']}" \
+                      " + iw0 + b]"
+                v = Typed(sb.emit(dt, load_expr(dt, ref)), dt)
                 acc = Typed("acc", dt)
                 r = sb.max(acc, v) if g["kind"] == "max" else sb.add(acc, v)
                 code.line(f"acc = {sb.typed(r, dt).v};")
         res = Typed("acc", dt)
         if g["kind"] == "avg":
-            if g["include_pad"] or g["p"] == (0, 0):
-                count = sb.const(float(kh * kw), dt)
-            else:
-                count = sb.typed(Typed(sb.emit("float32", "(float)((a1 - a0) * (b1 - b0))"),
-                                       "float32"), dt)
-            res = sb.typed(sb.div(res, count), dt)
-        code.line(f"{kw_.ptr(so, write=True)}[i] = {store_expr(dt, res.v)};")
-    kw_.finish(grid, BLOCK)
+            res = sb.typed(sb.div(res, _avg_count(code, sb, g, dt, "ih0", "iw0")), dt)
+        code.line(f"{kern.ptr(step.out_slots[0], write=True)}[i] = {store_expr(dt, res.v)};")
 
 
 def _pool2d_grad(mw: ModuleWriter, step):
     prog = mw.program
     sg, sx, sout = step.in_slots
-    (so,) = step.out_slots
     X = prog.slots[sx]
     dt = X.dtype
     g = pool_geometry(X.shape, step.attr_dict)
@@ -78,13 +67,11 @@ def _pool2d_grad(mw: ModuleWriter, step):
     if total == 0:
         return
     (kh, kw), (sh, sw), (ph, pw) = g["k"], g["s"], g["p"]
-    grid = grid_for(total)
-    it = index_type(total + grid * BLOCK, X.size, prog.slots[sg].size)
-    kwr = KernelWriter(mw, step.name or "pool2d_grad")
-    code = kwr.code
-    sb = CudaScalarBuilder(code)
     oplane, iplane = g["oh"] * g["ow"], g["h"] * g["w"]
-    with kwr.grid_stride(it, total):
+    with grid_stride_kernel(mw, step.name or "pool2d_grad", total, X.size,
+                            prog.slots[sg].size) as (kern, it):
+        code = kern.code
+        sb = CudaScalarBuilder(code)
         p, ih, iw = decompose(code, it, "i", (g["nc"], g["h"], g["w"]), ("p", "ih", "iw"))
         code.line(f"{reg_ctype(dt)} acc = {sb.const(0.0, dt).v};")
         # windows (oh, ow) whose rows hold ih: oh * sh - ph <= ih < oh * sh - ph + kh
@@ -97,24 +84,27 @@ def _pool2d_grad(mw: ModuleWriter, step):
         code.line(f"const long long ibase = (long long){p} * {iplane};")
         with code.block("for (int oh = oh0; oh < oh1; ++oh)"):
             with code.block("for (int ow = ow0; ow < ow1; ++ow)"):
-                gv = Typed(sb.emit(dt, load_expr(dt, f"{kwr.ptr(sg)}[obase + oh * "
+                gv = Typed(sb.emit(dt, load_expr(dt, f"{kern.ptr(sg)}[obase + oh * "
                                                      f"{g['ow']} + ow]")), dt)
                 if g["kind"] == "avg":
-                    share = sb.div(gv, _avg_count(code, sb, g, dt))
+                    code.line(f"const int wy = oh * {sh} - {ph}, wx = ow * {sw} - {pw};")
+                    share = sb.div(gv, _avg_count(code, sb, g, dt, "wy", "wx"))
                     code.line(f"acc = {sb.typed(sb.add(Typed('acc', dt), share), dt).v};")
                 else:
-                    _first_max_takes(kwr, sb, g, dt, sx, sout, gv)
-        code.line(f"{kwr.ptr(so, write=True)}[i] = {store_expr(dt, 'acc')};")
-    kwr.finish(grid, BLOCK)
+                    _first_max_takes(kern, sb, g, dt, sx, sout, gv)
+        code.line(f"{kern.ptr(step.out_slots[0], write=True)}[i] = {store_expr(dt, 'acc')};")
 
 
-def _avg_count(code, sb, g, dt):
-    (kh, kw), (sh, sw), (ph, pw) = g["k"], g["s"], g["p"]
+def _avg_count(code, sb, g, dt, y0: str, x0: str):
+    """The divisor of the average of the window at (y0, x0): its size, or with
+    count_include_pad=False and padding, the number of its taps inside the image."""
+    (kh, kw) = g["k"]
     if g["include_pad"] or g["p"] == (0, 0):
         return sb.const(float(kh * kw), dt)
-    code.line(f"const int wy = oh * {sh} - {ph}, wx = ow * {sw} - {pw};")
-    rows = f"((wy + {kh} > {g['h']} ? {g['h']} : wy + {kh}) - (wy < 0 ? 0 : wy))"
-    cols = f"((wx + {kw} > {g['w']} ? {g['w']} : wx + {kw}) - (wx < 0 ? 0 : wx))"
+    names = [code.fresh("w") for _ in range(4)]
+    _window_range(code, y0, kh, g["h"], names[:2])
+    _window_range(code, x0, kw, g["w"], names[2:])
+    rows, cols = f"({names[1]} - {names[0]})", f"({names[3]} - {names[2]})"
     return sb.typed(Typed(sb.emit("float32", f"(float)({rows} * {cols})"), "float32"), dt)
 
 

@@ -28,7 +28,7 @@ from ..scalar import Typed, reduce_scalar
 from .loops import PointEval, accesses, emit_elementwise, slot_limits
 from .scalar import Code, CudaScalarBuilder, dtype_tag, literal, reg_ctype, store_expr
 from .writer import (BLOCK, MAX_GRID, KernelWriter, ModuleWriter, ceil_div, decompose,
-                     grid_for, index_type, linear_expr)
+                     grid_for, grid_stride_kernel, index_type, linear_expr)
 
 BLOCK_MIN_POINTS = 32  # reduced points per output from which a block shares the work
 SERIAL_MIN_OUTPUTS = 1024  # outputs from which threads-per-output win when the inner dim is kept
@@ -230,18 +230,29 @@ class _Reduction:
         kw.finish(grid, BLOCK)
 
     def _block(self):
-        block = min(BLOCK, ceil_div(self.R, 32) * 32)
+        def points(kw, it, kept, accs, dts, _):
+            coords = {**kept, **self._red_coords(kw.code, it, "p")}
+            self._accumulate(kw, coords, accs, dts)
+        self._blocks_per_output(self.k.name or "reduce", self.R, points)
+
+    def _blocks_per_output(self, label, n_points, points, workspace=()):
+        """A kernel with a block per output element (grid-stride over them): its threads
+        stride over ``n_points`` (``points(kw, it, kept, accs, dts, ws)`` accumulates point
+        ``p``), the block tree combines them and thread 0 stores. ``workspace``: byte
+        offsets of arrays (one per output) the kernel reads, passed to ``points``."""
+        block = min(BLOCK, ceil_div(n_points, 32) * 32)
         grid = min(self.M, MAX_GRID)
-        it = self._it(self.M + grid, self.R + block)
-        kw = KernelWriter(self.mw, self.k.name or "reduce")
+        it = self._it(self.M + grid, n_points + block)
+        kw = KernelWriter(self.mw, label)
         code = kw.code
         dts = [self.slots[o.access.slot].dtype for o in self.k.outputs]
+        ws = [kw.workspace(off, reg_ctype(dt)) for off, dt in zip(workspace, dts)]
         self._shared_arrays(kw, dts)
         with code.block(f"for ({it} m = blockIdx.x; m < {self.M}; m += gridDim.x)"):
             kept = self._kept_coords(code, it, "m")
             accs, _ = self._accumulators(kw)
-            with code.block(f"for ({it} r = threadIdx.x; r < {self.R}; r += blockDim.x)"):
-                self._accumulate(kw, {**kept, **self._red_coords(code, it, "r")}, accs, dts)
+            with code.block(f"for ({it} p = threadIdx.x; p < {n_points}; p += blockDim.x)"):
+                points(kw, it, kept, accs, dts, ws)
             self._tree(kw, accs, dts)
             with code.block("if (threadIdx.x == 0)"):
                 self._store_outputs(kw, kept, accs, with_identity=True)
@@ -272,23 +283,12 @@ class _Reduction:
                 code.line(f"{w}[blockIdx.x] = {a};")
         kw.finish(self.M * parts, BLOCK)
         # pass 2: a block per output element combines its partials
-        block = min(BLOCK, ceil_div(parts, 32) * 32)
-        kw = KernelWriter(self.mw, (self.k.name or "reduce") + "_final")
-        code = kw.code
-        ws = [kw.workspace(off, reg_ctype(dt)) for off, dt in zip(partials, dts)]
-        self._shared_arrays(kw, dts)
-        grid = min(self.M, MAX_GRID)
-        with code.block(f"for ({it} m = blockIdx.x; m < {self.M}; m += gridDim.x)"):
-            kept = self._kept_coords(code, it, "m")
-            accs, _ = self._accumulators(kw)
-            with code.block(f"for ({it} p = threadIdx.x; p < {parts}; p += blockDim.x)"):
-                for j, (o, w) in enumerate(zip(self.k.outputs, ws)):
-                    comb = combine_fn(self.mw, o.reduce, dts[j])
-                    code.line(f"{accs[j]} = {comb}({accs[j]}, {w}[m * {parts} + p]);")
-            self._tree(kw, accs, dts)
-            with code.block("if (threadIdx.x == 0)"):
-                self._store_outputs(kw, kept, accs, with_identity=True)
-        kw.finish(grid, block)
+
+        def partial(kw, it, kept, accs, dts, ws):
+            for j, (o, w) in enumerate(zip(self.k.outputs, ws)):
+                comb = combine_fn(self.mw, o.reduce, dts[j])
+                kw.code.line(f"{accs[j]} = {comb}({accs[j]}, {w}[m * {parts} + p]);")
+        self._blocks_per_output((self.k.name or "reduce") + "_final", parts, partial, partials)
 
 
 def _reg_size(dt: str) -> int:
@@ -309,15 +309,12 @@ def _fill_identities(mw: ModuleWriter, k: LoopKernel):
         if n == 0:
             continue
         dt = mw.program.slots[o.access.slot].dtype
-        grid = grid_for(n)
-        it = index_type(n + grid * BLOCK, mw.program.slots[o.access.slot].size)
-        kw = KernelWriter(mw, (k.name or "reduce") + "_identity")
-        with kw.grid_stride(it, n):
+        with grid_stride_kernel(mw, (k.name or "reduce") + "_identity", n,
+                                mw.program.slots[o.access.slot].size) as (kw, it):
             coords = decompose(kw.code, it, "i", region, [kw.code.fresh("c") for _ in live])
             off = linear_expr(o.access.offset, zip(coords, [o.access.strides[d] for d in live]))
             kw.code.line(f"{kw.ptr(o.access.slot, write=True)}[{off}] = "
                          f"{store_expr(dt, identity(o.reduce, dt))};")
-        kw.finish(grid, BLOCK)
 
 
 def _one_thread(mw: ModuleWriter, k: LoopKernel):

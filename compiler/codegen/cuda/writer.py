@@ -7,6 +7,7 @@ matmul.py) take their sizes as scalar arguments instead.
 """
 from __future__ import annotations
 
+import contextlib
 import re
 
 from ..kernel import Program
@@ -184,3 +185,16 @@ class KernelWriter:
         return self.code.block(
             f"for ({it} {var} = ({it})blockIdx.x * blockDim.x + threadIdx.x; {var} < {n}; "
             f"{var} += ({it})gridDim.x * blockDim.x)")
+
+
+@contextlib.contextmanager
+def grid_stride_kernel(mw: ModuleWriter, label: str, total: int, *limits, var: str = "i"):
+    """A kernel that is one grid-stride loop over ``total`` items (``var``), with an index
+    type that fits ``limits`` too; yields (writer, index type) inside the loop, then defines
+    and launches the kernel."""
+    grid = grid_for(total)
+    it = index_type(total + grid * BLOCK, *limits)
+    kw = KernelWriter(mw, label)
+    with kw.grid_stride(it, total, var):
+        yield kw, it
+    kw.finish(grid, BLOCK)
