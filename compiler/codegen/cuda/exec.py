@@ -115,13 +115,14 @@ class CudaRun:
         return args
 
 
-def _dump(source, name: str):
+def _dump(source):
+    """HYBRID_DUMP_DIR: the executable's CUDA C, as <name>.cu (the name is sanitized)."""
     where = config.get("HYBRID_DUMP_DIR")
     if where:
         path = Path(where)
         path.mkdir(parents=True, exist_ok=True)
-        (path / f"{name}.cu").write_text(source.text)
-        _log.info("%s: dumped %s.cu to %s", name, name, path)
+        (path / f"{source.name}.cu").write_text(source.text)
+        _log.info("%s: dumped %s.cu to %s", source.name, source.name, path)
 
 
 def cuda_compile(graph, device, in_specs, param_specs) -> Executable:
@@ -131,7 +132,7 @@ def cuda_compile(graph, device, in_specs, param_specs) -> Executable:
     name = f"{graph.name or 'hybrid'}_{program.key()[:16]}"
     source = emit_cuda(program, name)
     t1 = time.perf_counter()
-    _dump(source, name)
+    _dump(source)
     gpu = device.seam
     module = gpu.load_module(source.text, name)
     t2 = time.perf_counter()
