@@ -68,9 +68,12 @@ def test_scalar_type_is_part_of_the_key():
     assert (i + 1.5).dtype == np.float32  # a float scalar after an int one: not the cached int
     np.testing.assert_allclose((i + 1.5).asnumpy(), [2.5, 3.5])
     assert (i + np.float64(0.5)).dtype == np.float32
-    with pytest.raises(OpError, match="bool"):
-        i + True  # add refuses bool: the int64 entry of ``i + 1`` must not answer for it
+    assert (i + True).dtype == np.int32  # a bool beside a number: NumPy's 1
+    np.testing.assert_array_equal(i + True, [2, 3])
     b = hb.array(np.array([True, False]))
+    assert (b + 1).dtype == np.int64
+    with pytest.raises(OpError, match="bool"):
+        b + True  # add refuses bool with bool: the int64 entry of ``b + 1`` must not answer
     assert hb.where(b, b, True).dtype == np.bool_
     assert hb.where(b, b, 1).dtype == np.int64
     assert hb.where(b, b, 1.0).dtype == np.float32
