@@ -122,9 +122,9 @@ class _Steps(nn.HybridBlock):
             elif kind == "shared":
                 h = child(_fit(h, 3))
             elif kind == "noise":
-                h = h + step[1] * hb.random.normal(size=h.shape)
+                h = h + step[1] * hb.random.normal(size=h.shape, device=h.device)
             elif kind == "uniform_mul":
-                h = h * hb.random.uniform(size=h.shape)
+                h = h * hb.random.uniform(size=h.shape, device=h.device)
             elif kind == "scalar":
                 h = _binary(step[1], h, step[2])
             elif kind == "arg":
@@ -187,15 +187,16 @@ def _state(net, x):
     return params, x.asnumpy()
 
 
-def _run(prog: Program, hybridize: bool):
+def _run(prog: Program, hybridize: bool, device=None):
     """Everything observable from one run of ``prog``: a list of per-call snapshots."""
+    device = device or hb.cpu(0)
     hb.random.seed(20261126)
     net = _Program(prog)
-    net.initialize(init.Xavier())
+    net.initialize(init.Xavier(), device=device)
     if hybridize:
         net.hybridize(backend=prog.backend)
     rng = np.random.default_rng(7)
-    x = hb.array(rng.normal(size=(prog.batch, prog.width)).astype("float32"))
+    x = hb.array(rng.normal(size=(prog.batch, prog.width)).astype("float32"), device=device)
     args = (x,) if prog.scalar_arg is None else (x, prog.scalar_arg)
     seen = []
     for i, mode in enumerate(prog.calls):
@@ -203,7 +204,7 @@ def _run(prog: Program, hybridize: bool):
             child = net.register_child(_Steps(prog.later, net._shared), "later")
             with warnings.catch_warnings():  # the shared layer is initialized already
                 warnings.simplefilter("ignore")
-                child.initialize(init.Xavier())
+                child.initialize(init.Xavier(), device=device)
         if mode == "train":
             with autograd.record():
                 y = net(*args)
@@ -219,7 +220,7 @@ def _run(prog: Program, hybridize: bool):
             y = net(*args)
             grads = {}
         seen.append((y.asnumpy(), grads) + _state(net, x))
-    seen.append(hb.random.normal(size=(4,)).asnumpy())  # the stream after the program
+    seen.append(hb.random.normal(size=(4,), device=device).asnumpy())  # the stream after
     return seen, net, args
 
 
@@ -250,12 +251,12 @@ def _exportable(prog):
         "noise", "uniform_mul", "write_input"}
 
 
-def check_program(prog: Program, tmp_path=None):
+def check_program(prog: Program, tmp_path=None, device=None):
     with np.errstate(all="ignore"):
-        eager, _, _ = _run(prog, hybridize=False)
-        hybrid, net, args = _run(prog, hybridize=True)
+        eager, _, _ = _run(prog, hybridize=False, device=device)
+        hybrid, net, args = _run(prog, hybridize=True, device=device)
     _compare(prog, eager, hybrid)
-    if tmp_path is not None and _exportable(prog):
+    if tmp_path is not None and _exportable(prog) and device is None:
         path = tmp_path / "prog"
         net.export(str(path), example_inputs=args[:1], dynamic_batch=False) \
             if prog.scalar_arg is None else None
@@ -275,6 +276,29 @@ _SETTINGS = dict(deadline=None, database=None, print_blob=True,
 @given(prog=programs())
 def test_programs_hybridized_equal_eager(prog, tmp_path_factory):
     check_program(prog, tmp_path_factory.mktemp("export") if _exportable(prog) else None)
+
+
+N_CUDA = 25  # the generated CUDA C of each program built by the host compiler: ~2 s each
+
+
+@pytest.fixture
+def emulated_gpu():
+    """One emulated GPU (HYBRID_GPU_EMULATE=1) for this test; restored after."""
+    from runtime import config
+    old = config.set_flag("HYBRID_GPU_EMULATE", max(1, config.get("HYBRID_GPU_EMULATE") or 0))
+    try:
+        yield hb.gpu(0)
+    finally:
+        config.set_flag("HYBRID_GPU_EMULATE", old)
+
+
+@pytest.mark.timeout(900)
+@settings(max_examples=N_CUDA, derandomize=True, **_SETTINGS)
+@given(prog=programs())
+def test_programs_on_the_cuda_backend_equal_eager_on_the_gpu(prog, emulated_gpu):
+    """The same programs on gpu(0), hybridized through the CUDA C backend (run by the
+    emulator here, by the device under gpu_check.sh), against eager ops on the same GPU."""
+    check_program(dataclasses.replace(prog, backend="cuda"), None, device=emulated_gpu)
 
 
 @pytest.mark.slow
