@@ -72,3 +72,16 @@ def mismatches_in_threads(fn, inputs, wants, calls, rtol, atol):
     for t in threads:
         t.join()
     return bad
+
+
+@pytest.fixture
+def emulated_gpu():
+    """gpu(0) of one emulated GPU (HYBRID_GPU_EMULATE=1) for this test, restored after; on a
+    machine whose environment already sets the flag, its GPUs."""
+    from runtime import config
+    from runtime.device import gpu
+    old = config.set_flag("HYBRID_GPU_EMULATE", max(1, config.get("HYBRID_GPU_EMULATE") or 0))
+    try:
+        yield gpu(0)
+    finally:
+        config.set_flag("HYBRID_GPU_EMULATE", old)

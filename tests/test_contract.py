@@ -462,3 +462,15 @@ def test_num_compiles_counts_each_compiled_graph_once():
             y = net(x)
         y.backward()
     assert hb.num_compiles() == before + 4  # the training graph, then its forward and backward
+
+
+def test_indices_out_of_range_raise_on_the_cuda_backend(emulated_gpu):
+    emb = nn.Embedding(10, 3)
+    emb.initialize(device=emulated_gpu)
+    emb.hybridize()
+    tokens = hb.array([1, -1, 9], dtype="int64", device=emulated_gpu)
+    np.testing.assert_array_equal(emb(tokens).asnumpy(),
+                                  emb.weight.data(emulated_gpu).asnumpy()[[1, 9, 9]])
+    assert next(iter(emb._cached.entries.values())).backend == "cuda"
+    with pytest.raises(IndexError, match="10 is out of bounds for axis 0 with size 10"):
+        emb(hb.array([1, 10], dtype="int64", device=emulated_gpu)).asnumpy()

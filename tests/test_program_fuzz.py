@@ -281,17 +281,6 @@ def test_programs_hybridized_equal_eager(prog, tmp_path_factory):
 N_CUDA = 25  # the generated CUDA C of each program built by the host compiler: ~2 s each
 
 
-@pytest.fixture
-def emulated_gpu():
-    """One emulated GPU (HYBRID_GPU_EMULATE=1) for this test; restored after."""
-    from runtime import config
-    old = config.set_flag("HYBRID_GPU_EMULATE", max(1, config.get("HYBRID_GPU_EMULATE") or 0))
-    try:
-        yield hb.gpu(0)
-    finally:
-        config.set_flag("HYBRID_GPU_EMULATE", old)
-
-
 @pytest.mark.timeout(900)
 @settings(max_examples=N_CUDA, derandomize=True, **_SETTINGS)
 @given(prog=programs())

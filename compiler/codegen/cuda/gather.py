@@ -35,12 +35,14 @@ def _split(shape, ax):
 
 
 def _index(kw, idx_slot, pos, dim, mode) -> str:
-    """A variable holding the index at ``pos`` of slot ``idx_slot``, clipped or wrapped."""
+    """A variable holding the index at ``pos`` of slot ``idx_slot``, clipped or wrapped.
+    'raise' reads as 'wrap': the executable checks the range after the call
+    (passes/index_checks.py), and an index in [-dim, dim) counts from the end as NumPy's."""
     code = kw.code
     dt = kw.mw.program.slots[idx_slot].dtype
     v = code.fresh("ix")
     code.line(f"long long {v} = (long long)({load_expr(dt, f'{kw.ptr(idx_slot)}[{pos}]')});")
-    if mode == "wrap":
+    if mode in ("wrap", "raise"):
         code.line(f"{v} %= {dim}LL;")
         code.line(f"if ({v} < 0) {v} += {dim}LL;")
     else:
@@ -63,9 +65,6 @@ def _take(mw: ModuleWriter, step):
     X, IDX = prog.slots[sx], prog.slots[si]
     attrs = step.attr_dict
     mode = attrs.get("mode", "clip")
-    if mode not in ("clip", "wrap"):
-        raise KernelIRError("take: mode='raise' cannot raise inside a CUDA kernel; use "
-                            "mode='clip' or 'wrap' (or run it eagerly)")
     lead, dim, rest = _split(X.shape, _axis(attrs.get("axis", 0), len(X.shape)))
     nj = IDX.size
     total = lead * nj * rest
