@@ -151,8 +151,8 @@ def convolution(data, weight, bias=None, kernel=None, stride=1, dilate=1, pad=0,
     C / num_group, *kernel)."""
     nd = weight.ndim - 2
     _check_layout("convolution", layout, nd)
-    if kernel is not None and tuple(weight.shape[2:]) != (
-            tuple(_pair(kernel)) if nd == 2 else _c_nn._tuple(kernel, nd, "kernel", "conv")):
+    if kernel is not None and \
+            tuple(weight.shape[2:]) != _c_nn.ntuple(kernel, nd, "kernel", "convolution"):
         raise ValueError(f"convolution: kernel={kernel} but weight has shape {weight.shape}")
     if num_filter is not None and weight.shape[0] != num_filter:
         raise ValueError(f"convolution: num_filter={num_filter} but weight has "
@@ -175,7 +175,7 @@ def deconvolution(data, weight, bias=None, kernel=None, stride=1, dilate=1, pad=
     _check_layout("deconvolution", layout, nd)
     if target_shape:
         raise ValueError("deconvolution: target_shape is not supported; give pad and adj")
-    if kernel is not None and tuple(weight.shape[2:]) != _c_nn._tuple(kernel, nd, "kernel",
+    if kernel is not None and tuple(weight.shape[2:]) != _c_nn.ntuple(kernel, nd, "kernel",
                                                                       "deconvolution"):
         raise ValueError(f"deconvolution: kernel={kernel} but weight has shape {weight.shape}")
     if num_filter is not None and weight.shape[1] * num_group != num_filter:

@@ -8,6 +8,7 @@ graphs and every backend get them from the primitives, gradients included.
 from __future__ import annotations
 
 import math
+import numbers
 
 from .composite import mean, sequence_mask, softmax
 from .core import normalize_axis, spec_of
@@ -18,10 +19,12 @@ def _shape(v):
     return tuple(v.shape)
 
 
-def _tuple(v, n, name, who):
-    out = (int(v),) * n if isinstance(v, int) else tuple(int(a) for a in v)
+def ntuple(v, n, name, who):
+    """A window attribute (kernel, stride, pad, ...) of ``n`` ints from an int or a
+    sequence; ``who`` and ``name`` go into the error for a sequence of another length."""
+    out = (int(v),) * n if isinstance(v, numbers.Integral) else tuple(int(a) for a in v)
     if len(out) != n:
-        raise ValueError(f"{who}: {name} needs {n} value(s) for a {n}-d window, got {v}")
+        raise ValueError(f"{who}: {name} must be an int or {n} ints, got {v}")
     return out
 
 
@@ -31,17 +34,17 @@ def convolution(F, x, w, stride=1, pad=0, dilation=1, groups=1):
     or 2 spatial axes. 1-D runs as 2-D over a height of 1."""
     nd = len(_shape(w)) - 2
     if nd == 2:
-        return F.conv2d(x, w, stride=_tuple(stride, 2, "stride", "convolution"),
-                        pad=_tuple(pad, 2, "pad", "convolution"),
-                        dilation=_tuple(dilation, 2, "dilate", "convolution"), groups=groups)
+        return F.conv2d(x, w, stride=ntuple(stride, 2, "stride", "convolution"),
+                        pad=ntuple(pad, 2, "pad", "convolution"),
+                        dilation=ntuple(dilation, 2, "dilate", "convolution"), groups=groups)
     if nd != 1:
         raise ValueError(f"convolution: {nd}-d kernels are not supported (1-d and 2-d are)")
     n, c, width = _shape(x)
     o, cg, k = _shape(w)
     y = F.conv2d(F.reshape(x, shape=(n, c, 1, width)), F.reshape(w, shape=(o, cg, 1, k)),
-                 stride=(1,) + _tuple(stride, 1, "stride", "convolution"),
-                 pad=(0,) + _tuple(pad, 1, "pad", "convolution"),
-                 dilation=(1,) + _tuple(dilation, 1, "dilate", "convolution"), groups=groups)
+                 stride=(1,) + ntuple(stride, 1, "stride", "convolution"),
+                 pad=(0,) + ntuple(pad, 1, "pad", "convolution"),
+                 dilation=(1,) + ntuple(dilation, 1, "dilate", "convolution"), groups=groups)
     return F.reshape(y, shape=(n, o, _shape(y)[3]))
 
 
@@ -52,7 +55,7 @@ def deconvolution(F, x, w, stride=1, pad=0, dilation=1, groups=1, adj=0):
     nd = len(_shape(w)) - 2
     if nd not in (1, 2):
         raise ValueError(f"deconvolution: {nd}-d kernels are not supported (1-d and 2-d are)")
-    stride, pad, dilation, adj = (_tuple(v, nd, name, "deconvolution") for v, name in (
+    stride, pad, dilation, adj = (ntuple(v, nd, name, "deconvolution") for v, name in (
         (stride, "stride"), (pad, "pad"), (dilation, "dilate"), (adj, "adj")))
     for a, s, d in zip(adj, stride, dilation):
         if not 0 <= a < max(s, d):
@@ -95,9 +98,9 @@ def pooling(F, x, pool_type="max", kernel=2, stride=None, pad=0, global_pool=Fal
         flat = F.reshape(x, shape=(n, c, 1, int(math.prod(shape[2:]))))
         y = F.pool2d(flat, kernel=(1, 1), global_pool=True, **attrs)
         return F.reshape(y, shape=(n, c) + (1,) * nd)
-    kernel = _tuple(kernel, nd, "kernel", "pooling")
-    stride = kernel if stride is None else _tuple(stride, nd, "stride", "pooling")
-    pad = _tuple(pad, nd, "pad", "pooling")
+    kernel = ntuple(kernel, nd, "kernel", "pooling")
+    stride = kernel if stride is None else ntuple(stride, nd, "stride", "pooling")
+    pad = ntuple(pad, nd, "pad", "pooling")
     if nd == 1:
         y = F.pool2d(F.reshape(x, shape=(n, c, 1, shape[2])), kernel=(1,) + kernel,
                      stride=(1,) + stride, pad=(0,) + pad, **attrs)

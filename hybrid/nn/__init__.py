@@ -20,11 +20,11 @@ from .parameter import Constant, DeferredInitializationError, Parameter, Paramet
 from . import models
 
 __all__ = ["Block", "HybridBlock", "Sequential", "HybridSequential", "Concatenate",
-           "HybridConcatenate", "Lambda", "HybridLambda", "Identity", "PReLU", "ELU", "SELU",
-           "GELU", "SiLU", "Swish", "GroupNorm", "InstanceNorm", "MultiHeadAttention", "Dense", "Conv1D", "Conv2D", "Conv1DTranspose", "Conv2DTranspose",
-           "MaxPool1D", "MaxPool2D", "MaxPool3D", "AvgPool1D", "AvgPool2D", "AvgPool3D",
-           "GlobalMaxPool1D", "GlobalMaxPool2D", "GlobalMaxPool3D", "GlobalAvgPool1D",
-           "GlobalAvgPool2D", "GlobalAvgPool3D", "BatchNorm", "LayerNorm", "Dropout",
-           "Flatten", "Activation", "LeakyReLU", "Embedding", "Parameter", "Constant",
-           "ParameterDict",
-           "DeferredInitializationError", "models"]
+           "HybridConcatenate", "Lambda", "HybridLambda", "Identity", "Dense", "Conv1D",
+           "Conv2D", "Conv1DTranspose", "Conv2DTranspose", "MaxPool1D", "MaxPool2D",
+           "MaxPool3D", "AvgPool1D", "AvgPool2D", "AvgPool3D", "GlobalMaxPool1D",
+           "GlobalMaxPool2D", "GlobalMaxPool3D", "GlobalAvgPool1D", "GlobalAvgPool2D",
+           "GlobalAvgPool3D", "BatchNorm", "LayerNorm", "GroupNorm", "InstanceNorm", "Dropout",
+           "Flatten", "Activation", "LeakyReLU", "PReLU", "ELU", "SELU", "GELU", "SiLU",
+           "Swish", "Embedding", "MultiHeadAttention", "Parameter", "Constant",
+           "ParameterDict", "DeferredInitializationError", "models"]

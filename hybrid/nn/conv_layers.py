@@ -5,6 +5,8 @@ the registry's conv2d and pool2d, other ranks composed from them: compiler/ops/c
 """
 from __future__ import annotations
 
+from compiler.ops.composite_nn import ntuple
+
 from .. import npx
 from .block import HybridBlock
 from .layers import _dev, _float_input, _opt_act
@@ -16,15 +18,6 @@ __all__ = ["Conv1D", "Conv2D", "Conv1DTranspose", "Conv2DTranspose", "MaxPool1D"
            "GlobalAvgPool3D"]
 
 _LAYOUTS = {1: "NCW", 2: "NCHW", 3: "NCDHW"}
-
-
-def _ntuple(v, n, name, who):
-    if isinstance(v, int):
-        return (v,) * n
-    v = tuple(int(a) for a in v)
-    if len(v) != n:
-        raise ValueError(f"{who}: {name} must be an int or {n} ints, got {v}")
-    return v
 
 
 def _check_layout(who, layout, nd):
@@ -52,11 +45,11 @@ class _Conv(HybridBlock):
             raise ValueError(f"{who}: in_channels ({in_channels}) must be a multiple of "
                              f"groups ({groups})")
         self._channels = int(channels)
-        self._kernel = _ntuple(kernel_size, nd, "kernel_size", who)
-        self._strides = _ntuple(strides, nd, "strides", who)
-        self._padding = _ntuple(padding, nd, "padding", who)
-        self._output_padding = _ntuple(output_padding, nd, "output_padding", who)
-        self._dilation = _ntuple(dilation, nd, "dilation", who)
+        self._kernel = ntuple(kernel_size, nd, "kernel_size", who)
+        self._strides = ntuple(strides, nd, "strides", who)
+        self._padding = ntuple(padding, nd, "padding", who)
+        self._output_padding = ntuple(output_padding, nd, "output_padding", who)
+        self._dilation = ntuple(dilation, nd, "dilation", who)
         self._groups = int(groups)
         self.weight = Parameter("weight", shape=self._weight_shape(in_channels), dtype=dtype,
                                 init=weight_initializer)
@@ -180,9 +173,9 @@ class _Pool(HybridBlock):
         _check_layout(who, layout, nd)
         if ceil_mode and not global_pool:
             raise ValueError(f"{who}: ceil_mode=True is not supported; pad the input instead")
-        self._size = _ntuple(pool_size, nd, "pool_size", who)
-        self._strides = self._size if strides is None else _ntuple(strides, nd, "strides", who)
-        self._padding = _ntuple(padding, nd, "padding", who)
+        self._size = ntuple(pool_size, nd, "pool_size", who)
+        self._strides = self._size if strides is None else ntuple(strides, nd, "strides", who)
+        self._padding = ntuple(padding, nd, "padding", who)
         self._global = global_pool
         self._count_include_pad = count_include_pad
 
