@@ -5,10 +5,12 @@ launches that run it, queued on the GPU's compute stream.
 Per executable: the module (compiled once by the seam: NVRTC on a GPU, the host compiler
 under the emulator), ONE device allocation holding the Program's arena and the source's
 workspace, and the Program's constants copied to the device. Per call: inputs and parameters
-as they come (made contiguous only where they are not), fresh output arrays, one launch per
-kernel in order (stream order keeps them, and the next call's, in sequence). The call
-returns once the launches are queued; the outputs are ready in stream order, as every GPU
-op's are.
+as they come (made contiguous only where they are not), fresh output arrays, and the
+Program's launches in order: replayed as one CUDA graph captured at the first call, with
+the io copied through static buffers (replay.py says why), or with HYBRID_CUDA_GRAPHS=0 one
+launch per kernel on the caller's pointers. Stream order keeps them, and the next call's,
+in sequence. The call returns once the work is queued; the outputs are ready in stream
+order, as every GPU op's are.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from runtime.executable import Executable
 
 from ..lower import lower
 from .emit import emit_cuda
+from .replay import StaticGraph
 from .writer import WORKSPACE_ALIGN
 
 _log = config.logger("compile")
@@ -63,7 +66,9 @@ class CudaRun:
                            for kind, v in self.outputs]
         self.arena_ptrs = {s: self.memory.ptr + slot.offset
                            for s, slot in enumerate(program.slots) if slot.in_arena}
-        self.lock = threading.Lock()  # one call at a time uses the arena
+        # one call at a time queues its work: the arena and the graph's static io are shared
+        self.lock = threading.Lock()
+        self.graph = StaticGraph(self)
 
     def _prepare(self, xp, a, want):
         shape, dt = want
@@ -87,9 +92,10 @@ class CudaRun:
             if kind == "alias":  # the same buffer under another shape
                 io[pos] = io[v].reshape(self.want[pos][0])
         with self.lock:
-            for launch in self.source.launches:
-                self.module.launch(launch.kernel, launch.grid, launch.block,
-                                   launch.shared_bytes, self._args(launch, io))
+            if self.graph.usable():
+                self.graph.call(io)
+            else:
+                self.graph.plain(io)
         res = []
         for (kind, v), const in zip(self.outputs, self.out_consts):
             if kind == "slot":
@@ -102,7 +108,8 @@ class CudaRun:
                 res.append(const)
         return res
 
-    def _args(self, launch, io):
+    def args(self, launch, io):
+        """The launch's arguments, its io slots taken from ``io`` (by io position)."""
         args = []
         for a in launch.args:
             if a.kind == "slot":
@@ -143,6 +150,6 @@ def cuda_compile(graph, device, in_specs, param_specs) -> Executable:
     report = {"kernels": len(source.kernels), "launches": len(source.launches),
               "arena_bytes": program.arena_bytes, "workspace_bytes": source.workspace_bytes,
               "lower_seconds": t1 - t0, "codegen_seconds": t2 - t1, "program": program,
-              "cuda_source": source}
+              "cuda_source": source, "cuda_graphs": run.graph.stats}
     return Executable(run, "cuda", in_specs, param_specs,
                       [graph.spec(o) for o in graph.outputs], device, report)
