@@ -41,10 +41,17 @@ def _lenet():
     return net
 
 
-@pytest.mark.parametrize("make,shape", [(_mlp, (8, 20)), (_lenet, (4, 1, 16, 16))])
+def _resnet18():
+    return nn.models.resnet18(num_classes=10, width=4)  # the book's, narrow: 16x16 inputs
+
+
+@pytest.mark.parametrize("make,shape", [(_mlp, (8, 20)), (_lenet, (4, 1, 16, 16)),
+                                        pytest.param(_resnet18, (4, 3, 16, 16),
+                                                     marks=pytest.mark.slow)])  # ~60 s
 def test_training_steps_match_eager(make, shape, tmp_path):
-    """Forward, loss, backward and two SGD steps: hybridized on the CUDA backend vs eager;
-    the sources of the model's executables (dumped) compile with nvcc for sm_80 and sm_90."""
+    """Forward, loss, backward and two SGD steps (the Trainer's fused update, compiled for the
+    GPU too): hybridized on the CUDA backend vs eager on the same GPU; the sources of the
+    model's executables (dumped) compile with nvcc for sm_80 and sm_90."""
     from compiler.codegen.cuda.compile_check import available_compiler, check_compiles_all
     old_dump = config.set_flag("HYBRID_DUMP_DIR", str(tmp_path))
     try:
@@ -52,7 +59,8 @@ def test_training_steps_match_eager(make, shape, tmp_path):
     finally:
         config.set_flag("HYBRID_DUMP_DIR", old_dump)
     sources = sorted(tmp_path.glob("*.cu"))
-    assert len(sources) >= 2  # forward and backward at least
+    assert len(sources) >= 3  # forward, backward and the fused optimizer step at least
+    assert any("update" in src.name for src in sources), [src.name for src in sources]
     if available_compiler() is None:
         pytest.skip("no CUDA compiler (nvcc or CuPy's NVRTC): results checked, compile not")
     for src in sources:
