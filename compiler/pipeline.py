@@ -96,11 +96,21 @@ def compile(graph: Graph, backend: str = "reference", device=None, passes=None):
     return exe
 
 
+def part_backend(backend: str, device: str) -> str:
+    """The code generator of one device's part: a native backend ('llvm' or 'cuda') means
+    native code on every device, CUDA C for a GPU part and LLVM for a CPU part (neither runs
+    on the other's memory); 'reference' stays the NumPy interpreter everywhere."""
+    if backend == "reference":
+        return backend
+    return "cuda" if str(device).startswith("gpu") else "llvm"
+
+
 def _compile_parts(graph, backend, device, passes):
     t0 = time.perf_counter()
     split = partition(graph)
-    parts = [PartExecutable(p.device, compile(p.graph, backend, p.device, passes), p.inputs,
-                            p.params) for p in split.parts]
+    parts = [PartExecutable(p.device,
+                            compile(p.graph, part_backend(backend, p.device), p.device, passes),
+                            p.inputs, p.params, p.input_devices) for p in split.parts]
     explain = "\n".join(f"   part {i} on {p.device} (reads {_refs(p.inputs)}):\n"
                          f"{p.exe.report['explain']}" for i, p in enumerate(parts))
     report = {"parts": len(parts), "compile_seconds": time.perf_counter() - t0,

@@ -16,6 +16,7 @@ from time import perf_counter, thread_time
 import numpy as np
 
 from runtime import engine as _engine_mod
+from runtime import transfer as _transfer_mod
 from runtime.device import parse_device
 from runtime.executable import PartitionedExecutable
 from runtime.memory import Buffer
@@ -164,11 +165,15 @@ def _push_parts(exe, in_bufs, param_bufs, name):
     """A graph spanning devices: one engine op per part on its own device; the engine orders
     a part after the parts whose outputs it reads, and runs the others at once."""
     outs = []
+    moved: dict = {}  # (buffer id, device) -> its copy there, made once per call
     for part in exe.parts:
+        device = parse_device(part.device)
         ins = [in_bufs[r[1]] if r[0] == "input" else outs[r[1]][r[2]]._buf
                for r in part.inputs]
+        ins = [_moved(b, src, device, moved, name)
+               for b, src in zip(ins, part.input_devices or [part.device] * len(ins))]
         ps = [param_bufs[r[1]] for r in part.params]
-        outs.append(_push(part.exe, parse_device(part.device), ins, ps, part.exe.out_specs,
+        outs.append(_push(part.exe, device, ins, ps, part.exe.out_specs,
                           f"{name}@{part.device}"))
     results = []
     for ref, spec in zip(exe.outputs, exe.out_specs):
@@ -181,6 +186,20 @@ def _push_parts(exe, in_bufs, param_bufs, name):
             buf = (in_bufs if ref[0] == "input" else param_bufs)[ref[1]]
             results.append(NDArray(buf, spec.shape, spec.dtype, exe.device))
     return results
+
+
+def _moved(buf, src, device, moved, name):
+    """``buf`` (on device ``src``) where a part on ``device`` can read it: the buffer itself
+    on the same device or between CPU devices (they share memory), else a copy queued on the
+    engine (a GPU part cannot read host memory, nor a CPU part a GPU's)."""
+    src = parse_device(src)
+    if src == device or (src.kind == "cpu" and device.kind == "cpu"):
+        return buf
+    key = (id(buf), device)
+    if key not in moved:
+        moved[key] = (buf, _transfer_mod.push_copy(buf, src, device, f"{name}:to {device}",
+                                                   user_frame()))
+    return moved[key][1]  # (the source is held beside its copy: its id stays unique)
 
 
 def _note_cost(timing: dict, seconds: float):

@@ -28,11 +28,13 @@ class Executable:
 class PartExecutable:
     """One device's part of a partitioned graph: its executable and where its inputs come
     from: ("input", i) / ("param", i) of the whole call, or ("part", p, k), output k of part
-    p (an earlier part)."""
+    p (an earlier part); ``input_devices``: the device name each input lives on before the
+    part runs (the caller moves those on another device where a GPU is one of the two)."""
     device: Any  # the device name, e.g. 'cpu(1)'
     exe: Executable
     inputs: list
     params: list
+    input_devices: list = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass

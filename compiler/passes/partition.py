@@ -9,7 +9,9 @@ two matmuls on cpu(0) and cpu(1)) then run at once, one engine op per part on it
 worker, ordered by the engine's read/write dependencies like any other ops.
 
 A ``device_copy`` at a part boundary is not an op of the part that receives it: the value
-enters that part as an input (CPU devices share memory; the runtime moves it otherwise).
+enters that part as an input, and the part records the device it comes from
+(``input_devices``): CPU devices share memory, so the runtime moves only what enters a part
+from another device where a GPU is one of the two.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ class Part:
     # graph, or ("part", p, k): output k of part p (an earlier part)
     inputs: list
     params: list  # ("param", i) of the whole graph, in graph.params order
+    input_devices: list  # the device each input of ``graph`` lives on before the part runs
 
 
 @dataclasses.dataclass
@@ -67,7 +70,8 @@ def partition(graph: Graph) -> Partitioning:
             outputs.append(("const", graph.constants[graph.node(o)["attrs"]["name"]]))
         else:
             outputs.append(("part", part_of[o], builders[part_of[o]].export(o)))
-    parts = [Part(b.device, b.sub, b.input_refs, b.param_refs) for b in builders]
+    parts = [Part(b.device, b.sub, b.input_refs, b.param_refs, b.input_devices)
+             for b in builders]
     return Partitioning(parts, outputs)
 
 
@@ -84,6 +88,7 @@ class _PartBuilder:
         self.sub = Graph(f"{graph.name or 'graph'}_part{index}")
         self.local: dict[int, int] = {}  # whole-graph node -> node of this part
         self.input_refs: list = []
+        self.input_devices: list = []
         self.param_refs: list = []
         self.exported: dict[int, int] = {}  # whole-graph node -> output index of this part
 
@@ -104,6 +109,7 @@ class _PartBuilder:
         if op == "input":
             nid = self.sub.add_input(spec, g.node(a)["attrs"]["name"], self.device)
             self.input_refs.append(("input", g.inputs.index(a)))
+            self.input_devices.append(g.node(a).get("device", "cpu(0)"))
         elif op == "param":
             nid = self.sub.add_param(spec, g.node(a)["attrs"]["name"], self.device)
             self.param_refs.append(("param", g.params.index(a)))
@@ -115,6 +121,7 @@ class _PartBuilder:
             k = builders[src].export(a)
             nid = self.sub.add_input(spec, f"from_part{src}_{k}", self.device)
             self.input_refs.append(("part", src, k))
+            self.input_devices.append(builders[src].device)
         self.local[a] = nid
         return nid
 
