@@ -36,8 +36,8 @@ from .engine import get_engine
 from .memory import Buffer
 
 __all__ = ["Tensor", "DistributedError", "copy_to", "add", "reduce_sum", "broadcast",
-           "ring_allreduce", "allreduce", "ProcessGroup", "LocalGroup", "world", "launched",
-           "mpi_available", "mpi_env_defaults", "describe_keys"]
+           "ring_allreduce", "allreduce", "allreduce_path", "ProcessGroup", "LocalGroup",
+           "world", "launched", "mpi_available", "mpi_env_defaults", "describe_keys"]
 
 
 class DistributedError(RuntimeError):
@@ -196,11 +196,48 @@ def ring_allreduce(tensors) -> list:
 _RING_MIN_ELEMENTS = 1 << 14  # smaller arrays: reduce on one device, then broadcast
 
 
+def allreduce_path(tensors) -> str:
+    """How a sum over these device copies runs: the one place that decides.
+
+    'nccl' where NCCL can do it: two or more distinct GPUs, all real CuPy GPUs (an emulated
+    GPU's memory is host memory, which NCCL cannot read), a CuPy built with NCCL and a dtype
+    NCCL has; else 'copies' (``method``'s ring or reduce over device copies, which works on
+    every device kind).
+    """
+    devices = [t.device for t in tensors]
+    if len(devices) < 2 or len(set(devices)) != len(devices):
+        return "copies"
+    if any(d.kind != "gpu" or d.seam.implementation != "cupy" for d in devices):
+        return "copies"
+    from .gpu import nccl  # noqa: PLC0415 - imports CuPy: only once every device is a CuPy GPU
+    if nccl.nccl_module() is None or not nccl.supports(tensors[0].dtype):
+        return "copies"
+    return "nccl"
+
+
+def _nccl_allreduce(tensors) -> list:
+    """One engine op (on the first GPU) that queues NCCL's allreduce on every GPU's compute
+    stream: the sums are ready in stream order, as every GPU op's results are."""
+    from .gpu import nccl  # noqa: PLC0415
+    outs = [Tensor(Buffer(), t.shape, t.dtype, t.device) for t in tensors]
+    ins = [t.buf for t in tensors]
+
+    def run():
+        sums = nccl.allreduce([b.data for b in ins], [t.device.seam for t in tensors])
+        for o, s in zip(outs, sums):
+            o.buf.data = s
+
+    get_engine().push(run, tuple(b.var for b in ins), tuple(o.buf.var for o in outs),
+                      tensors[0].device, "allreduce.nccl")
+    return outs
+
+
 def allreduce(tensors, method: str = "ring") -> list:
     """Sum over device copies; every device gets the sum (identical bits everywhere).
 
-    method: 'ring' (section 12.7; small arrays fall back to 'reduce') or 'reduce' (sum on
-    the first device, then copy to the others, as in section 12.5).
+    Through NCCL where :func:`allreduce_path` says so; else over device copies by
+    ``method``: 'ring' (section 12.7; small arrays fall back to 'reduce') or 'reduce' (sum
+    on the first device, then copy to the others, as in section 12.5).
     """
     tensors = list(tensors)
     _check_same(tensors)
@@ -208,6 +245,8 @@ def allreduce(tensors, method: str = "ring") -> list:
         return tensors
     if method not in ("ring", "reduce"):
         raise ValueError(f"allreduce: method must be 'ring' or 'reduce', got {method!r}")
+    if allreduce_path(tensors) == "nccl":
+        return _nccl_allreduce(tensors)
     if method == "ring" and tensors[0].size >= _RING_MIN_ELEMENTS * len(tensors):
         return ring_allreduce(tensors)
     total = reduce_sum(tensors)
