@@ -8,13 +8,12 @@ their values (a graph that kept the first call's input or output pointers fails 
 """
 import numpy as np
 import pytest
+from conftest import mismatches_in_threads
 
 import hybrid as hb
 from hybrid import nn
 from runtime import config
 from runtime.gpu import GPUError
-
-from conftest import mismatches_in_threads
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
