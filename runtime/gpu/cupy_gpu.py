@@ -182,6 +182,9 @@ class CupyGPU(seam.GPU):
     def _view(self, mem, shape, dtype, offset):
         return self.cp.ndarray(shape, dtype, memptr=mem + offset)
 
+    def address(self, array):
+        return array.data.ptr
+
     def host_empty(self, shape, dtype):
         # pinned: the copy engine writes it directly, without the driver's bounce buffer
         import cupyx  # noqa: PLC0415

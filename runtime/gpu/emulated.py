@@ -281,6 +281,9 @@ class EmulatedGPU(seam.GPU):
     def empty(self, shape, dtype):
         return np.empty(tuple(shape), dtype=np.dtype(dtype))
 
+    def address(self, array):
+        return array.__array_interface__["data"][0]
+
     # copies: one memcpy each, queued on the stream
     def _copy(self, what, dst, src, stream):
         dst, src = seam.as_array(dst), seam.as_array(src)

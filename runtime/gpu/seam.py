@@ -3,7 +3,8 @@
 Per GPU (:class:`GPU`, one object per device, from :func:`get_gpu`):
 
 - memory: ``alloc(nbytes)`` / ``free(buf)`` raw device memory (:class:`DeviceBuffer`, which
-  views as arrays), ``empty(shape, dtype)`` an array in the GPU's array module ``xp``;
+  views as arrays), ``empty(shape, dtype)`` an array in the GPU's array module ``xp``,
+  ``address(array)`` where an array's data starts;
 - copies: ``copy_h2d``, ``copy_d2h``, ``copy_d2d`` (also from another GPU), each queued on a
   stream; ``to_device``, ``to_host``, ``from_gpu`` do a whole array and return when it is
   there, ordered after the kernels queued before them on the compute stream;
@@ -172,6 +173,10 @@ class GPU(abc.ABC):
 
     @abc.abstractmethod
     def _view(self, mem, shape, dtype, offset): ...
+
+    @abc.abstractmethod
+    def address(self, array) -> int:
+        """The device address of ``array``'s first element (an array of this GPU)."""
 
     def empty(self, shape, dtype):
         """An uninitialized array on this GPU."""

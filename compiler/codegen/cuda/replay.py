@@ -2,16 +2,21 @@
 (HYBRID_CUDA_GRAPHS, on by default).
 
 A captured graph holds the pointers its launches were given. The arena and workspace are
-the executable's own, so they never move; inputs, parameters and outputs are new arrays on
-(nearly) every call. Two ways out: capture one graph per set of pointers (a small cache),
-or give the graph pointers that never change. We do the second, as torch's CUDA graphs and
-``torch.compile(mode="reduce-overhead")`` do: per executable, one static buffer per input,
-parameter and output slot; a call copies its inputs and parameters into them, replays the
-graph, and copies the outputs out into fresh arrays (outputs must be fresh: a later call
-never overwrites what a caller holds). A pointer cache would miss on every call whose
-inputs are new arrays (all of them, in inference or training loops), and each miss is a
-capture; the copies cost one device-to-device pass over the io, small beside the kernels.
-The price is memory: one more copy of the io slots (parameters included) per executable.
+the executable's own, so they never move; inputs and outputs are new arrays on every call,
+parameters on every training step (an update rebinds them to new arrays) and on no
+inference call. So, as torch's CUDA graphs and ``torch.compile(mode="reduce-overhead")`` do,
+per executable one static buffer per input, parameter and output slot: a call copies its
+inputs into them, replays, and copies the outputs out into fresh arrays (outputs must be
+fresh: a later call never overwrites what a caller holds). A graph per set of pointers
+instead would miss on every call (inputs are new arrays) and each miss is a capture.
+
+Parameters are the exception worth taking: once two calls in a row bring the same
+parameter pointers (inference, or evaluation between steps), a second graph is captured
+that reads the parameters where they are, and is replayed while the pointers stay the same,
+saving a copy of every weight per call. Equal pointers are all it needs: the graph reads
+whatever lies at those addresses when it runs, i.e. the current call's arrays. Otherwise
+(training) the parameters are copied in like inputs. At most ``MAX_POINTER_CAPTURES`` such
+graphs per executable, so parameters that keep moving cannot make every call a capture.
 
 Everything — copies in, replay, copies out — is queued on the GPU's compute stream, so
 stream order keeps a call's pieces and the next call's in sequence. The static buffers are
@@ -30,20 +35,28 @@ from runtime import config
 
 _log = config.logger("compile")
 
+MAX_POINTER_CAPTURES = 4
+
 
 class StaticGraph:
     """The captured launches of one :class:`~.exec.CudaRun` and its static io buffers.
 
-    ``stats``: captures, replays, plain calls (launches one by one: the flag off, or capture
-    failed) and ``fallback`` (why capture failed, else None). Callers hold the run's lock.
+    ``stats``: captures, replays, ``params_in_place`` (replays that read the parameters
+    where they are), plain calls (launches one by one: the flag off, or capture failed) and
+    ``fallback`` (why capture failed, else None). Callers hold the run's lock.
     """
 
     def __init__(self, run):
         self.run = run
-        self.graph = None
-        self.stream = None
+        self.kinds = [kind for kind, _ in run.entries]
+        self.param_pos = [pos for pos, kind in enumerate(self.kinds) if kind == "param"]
         self.static = None
-        self.stats = {"captures": 0, "replays": 0, "plain_calls": 0, "fallback": None}
+        self.copying = None  # the graph reading every io slot from the static buffers
+        self.in_place = None  # (parameter pointers, the graph reading parameters there)
+        self.last_params = None  # the previous call's parameter pointers
+        self.stream = None
+        self.stats = {"captures": 0, "replays": 0, "params_in_place": 0, "plain_calls": 0,
+                      "fallback": None}
 
     def usable(self) -> bool:
         return bool(config.get("HYBRID_CUDA_GRAPHS")) and self.stats["fallback"] is None
@@ -51,23 +64,40 @@ class StaticGraph:
     def call(self, io):
         """Carry out the launches for a call whose io positions hold ``io`` (the caller's
         arrays): copies in, one graph replay, copies out; plain launches if capture fails."""
-        run, gpu = self.run, self.run.gpu
+        gpu = self.run.gpu
         if self.static is None:
             self.static = self._static_buffers()
-        if self.graph is None:
-            self.graph = self._capture()
-            if self.graph is None:
-                return self.plain(io)
+        graph, copy_params = self._graph_for(io)
+        if graph is None:
+            return self.plain(io)
         stream = gpu.compute_stream
-        kinds = [kind for kind, _ in run.entries]
-        for pos, kind in enumerate(kinds):
-            if kind in ("input", "param") and self.static[pos].nbytes:
+        for pos, kind in enumerate(self.kinds):
+            if (kind == "input" or kind == "param" and copy_params) and \
+                    self.static[pos].nbytes:
                 gpu.copy_d2d(self.static[pos], io[pos], stream)
-        self.graph.replay(stream)
-        for pos, kind in enumerate(kinds):
+        graph.replay(stream)
+        for pos, kind in enumerate(self.kinds):
             if kind == "output" and self.static[pos].nbytes:
                 gpu.copy_d2d(io[pos], self.static[pos], stream)
         self.stats["replays"] += 1
+        self.stats["params_in_place"] += not copy_params
+
+    def _graph_for(self, io):
+        """(the graph for this call, whether its parameters must be copied in)."""
+        address = self.run.gpu.address
+        ptrs = tuple(address(io[pos]) for pos in self.param_pos)
+        stable, self.last_params = ptrs == self.last_params, ptrs
+        if self.in_place is not None and self.in_place[0] == ptrs:
+            return self.in_place[1], False
+        if stable and self.param_pos and \
+                self.stats["captures"] - (self.copying is not None) < MAX_POINTER_CAPTURES:
+            graph = self._capture(self._buffers(io))
+            if graph is not None:
+                self.in_place = (ptrs, graph)
+                return graph, False
+        if self.copying is None:
+            self.copying = self._capture(self.static)
+        return self.copying, True
 
     def plain(self, io):
         """One launch per kernel, on the caller's pointers."""
@@ -80,7 +110,7 @@ class StaticGraph:
     def _static_buffers(self):
         run = self.run
         static = [None] * len(run.entries)
-        for pos, (kind, _) in enumerate(run.entries):
+        for pos, kind in enumerate(self.kinds):
             if kind in ("input", "param", "output"):
                 static[pos] = run.gpu.empty(*run.want[pos])
             elif kind == "const":
@@ -90,7 +120,17 @@ class StaticGraph:
                 static[pos] = static[v].reshape(run.want[pos][0])
         return static
 
-    def _capture(self):
+    def _buffers(self, io):
+        """The static buffers, but the caller's parameters (and views of them) in place."""
+        bufs = list(self.static)
+        for pos, (kind, v) in enumerate(self.run.entries):
+            if kind == "param" or kind == "alias" and self.kinds[v] == "param":
+                bufs[pos] = io[pos]
+        return bufs
+
+    def _capture(self, bufs):
+        if self.stats["fallback"] is not None:
+            return None
         run = self.run
         if self.stream is None:
             self.stream = run.gpu.new_stream("graph capture")
@@ -103,7 +143,7 @@ class StaticGraph:
         try:
             for launch in run.source.launches:
                 run.module.launch(launch.kernel, launch.grid, launch.block,
-                                  launch.shared_bytes, run.args(launch, self.static), stream)
+                                  launch.shared_bytes, run.args(launch, bufs), stream)
         except Exception as exc:  # noqa: BLE001 - a launch it refused: plain launches
             self._give_up(exc)
             try:
