@@ -15,7 +15,7 @@ import math
 import numpy as np
 import pytest
 
-from compiler.codegen import (Access, Const, Index, KernelIRError, Load,
+from compiler.codegen import (Access, Const, Index, Load,
                               LoopKernel, Output, Program, ProgramBuilder, call, interpret)
 from compiler.codegen.cuda import emit_cuda
 from compiler.codegen.cuda.compile_check import available_compiler, check_compiles_all
@@ -663,13 +663,16 @@ def test_convolutions_and_pooling_with_gradients():
               atol=1e-2 if f16 else 1e-4)
 
 
-def test_refused_modes_say_why():
+def test_take_raise_reads_indices_as_numpy():
+    """mode='raise' compiles: in-range indices count from the end as NumPy's (the range is
+    checked after the call by passes/index_checks.py, on every backend)."""
     pb = ProgramBuilder()
-    x, i = pb.input((4,)), pb.input((2,), "int64")
-    y = pb.output((2,))
+    x, i = pb.input((4,)), pb.input((3,), "int64")
+    y = pb.output((3,))
     pb.extern("take", [x, i], [y], axis=0, mode="raise")
-    with pytest.raises(KernelIRError, match="raise"):
-        emit_cuda(pb.build())
+    xs = np.array([10, 11, 12, 13], np.float32)
+    (got,) = run_program_emulated(pb.build(), [xs, np.array([-1, 2, -4])], [])
+    np.testing.assert_array_equal(got, [13, 12, 10])
 
 
 def test_source_is_deterministic():
