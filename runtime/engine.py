@@ -426,7 +426,9 @@ class Engine:
             self._gen += 1  # ops pushed from now on belong to later waits
             counts = self._gen_inflight
             if self._inflight:
-                self._wait_until(lambda: not any(g <= gen for g in counts), timeout,
+                # list(): the spin phase of _wait_until reads this without the lock, while
+                # workers add and delete generations (copying a dict is one GIL-held step)
+                self._wait_until(lambda: not any(g <= gen for g in list(counts)), timeout,
                                  "all ops queued before waitall")
             errors = self._unreported
             self._unreported = []
