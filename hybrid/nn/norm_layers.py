@@ -21,7 +21,8 @@ class _GroupNorm(HybridBlock):
                            gamma_initializer, dtype)
 
     def _groups(self, channels):
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must implement _groups(channels): "
+                                  "how many groups its channels split into")
 
     def forward(self, x):
         _float_input(self, x, self.gamma)
