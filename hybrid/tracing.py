@@ -667,9 +667,9 @@ def _training(entry, device, needs):
         # outputs computed from nothing that needs a gradient get no autograd node, as
         # eagerly (a constant, or the batch alone): their positions, once per `needs`
         n_in = len(g.inputs)
-        untracked = tuple(k for k, o in enumerate(g.outputs) if not any(
-            needs[j] for j in _sources(g, o)[0]) and not any(
-            needs[n_in + j] for j in _sources(g, o)[1]))
+        sources = [_sources(g, o) for o in g.outputs]
+        untracked = tuple(k for k, (ins, pars) in enumerate(sources) if not any(
+            needs[j] for j in ins) and not any(needs[n_in + j] for j in pars))
         compiled = entry.train[needs] = (tg, fwd, bwd, wrt_in, wrt_par, Caller(fwd, device),
                                          Caller(bwd, device), untracked)
     return compiled

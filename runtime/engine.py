@@ -271,8 +271,7 @@ class Engine:
         try:
             self._wait_for_space_until()
         except KeyboardInterrupt:
-            self._dropped_before[threading.get_ident()] = self._seq  # the lock is held
-            self._interrupted = True
+            self._drop_queued(threading.get_ident())  # the lock is held
             raise
 
     def _wait_for_space_until(self):
@@ -470,9 +469,12 @@ class Engine:
         started: they complete at once as failed values naming the interrupt, so the next op
         waits only for what is running. Called when a KeyboardInterrupt reaches a wait."""
         with self._lock:
-            self._dropped_before[threading.get_ident() if thread is None else thread] = \
-                self._seq
-            self._interrupted = True
+            self._drop_queued(threading.get_ident() if thread is None else thread)
+
+    def _drop_queued(self, thread: int):
+        """Under the lock: ``thread``'s ops pushed so far are dropped unless started."""
+        self._dropped_before[thread] = self._seq
+        self._interrupted = True
 
     def _wait_until(self, ready, timeout, what, counted=True):
         """Wait on _done_cv until ready(); counted: a wait for all ops (see _waiters).
@@ -480,8 +482,7 @@ class Engine:
         try:
             self._wait_until_ready(ready, timeout, what, counted)
         except KeyboardInterrupt:
-            self._dropped_before[threading.get_ident()] = self._seq  # the lock is held
-            self._interrupted = True
+            self._drop_queued(threading.get_ident())  # the lock is held
             raise
 
     def _wait_until_ready(self, ready, timeout, what, counted):

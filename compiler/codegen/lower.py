@@ -43,6 +43,23 @@ class Binding:
     outputs: list
 
 
+def gather_outputs(outputs, slots, inputs, params, consts=None) -> list:
+    """The graph's outputs from a run: ``outputs`` is a Binding's list; ``slots`` the output
+    slots' arrays; ``consts`` (per output, else the Binding's own arrays) the constants as
+    the target holds them (a GPU's copies)."""
+    res = []
+    for k, (kind, v) in enumerate(outputs):
+        if kind == "slot":
+            res.append(slots[v])
+        elif kind == "input":
+            res.append(inputs[v])
+        elif kind == "param":
+            res.append(params[v])
+        else:
+            res.append(v if consts is None else consts[k])
+    return res
+
+
 def lower(graph: Graph) -> tuple[Program, Binding]:
     return _Lowering(graph).run()
 

@@ -208,21 +208,20 @@ class GPU(abc.ABC):
     def to_host(self, src) -> np.ndarray:
         """A host copy of ``src`` (an array on this GPU), taken after every kernel queued
         on the compute stream before this call (a kernel may still be writing it)."""
-        stream = self.copy_stream
-        ready, src = self._ready(src)
-        stream.wait(ready)
-        out = self.host_empty(src.shape, src.dtype)
-        self.copy_d2h(out, src, stream)
-        stream.record().synchronize()
-        return out
+        return self._copied(src, self, self.host_empty, self.copy_d2h)
 
     def from_gpu(self, src, src_gpu: "GPU"):
         """A copy on this GPU of ``src``, an array on ``src_gpu`` (this one or another)."""
+        return self._copied(src, src_gpu, self.empty, self.copy_d2d)
+
+    def _copied(self, src, src_gpu, alloc, copy):
+        """``copy`` of ``src`` into a new ``alloc`` array on the copy stream, after the
+        kernels queued on ``src_gpu`` that may write it; waits until it is done."""
         stream = self.copy_stream
         ready, src = src_gpu._ready(src)
         stream.wait(ready)
-        out = self.empty(src.shape, src.dtype)
-        self.copy_d2d(out, src, stream)
+        out = alloc(src.shape, src.dtype)
+        copy(out, src, stream)
         stream.record().synchronize()
         return out
 

@@ -23,7 +23,7 @@ import numpy as np
 from runtime import config
 from runtime.executable import Executable
 
-from ..lower import lower
+from ..lower import gather_outputs, lower
 from .emit import emit_cuda
 from .replay import StaticGraph
 from .writer import WORKSPACE_ALIGN
@@ -96,17 +96,7 @@ class CudaRun:
                 self.graph.call(io)
             else:
                 self.graph.plain(io)
-        res = []
-        for (kind, v), const in zip(self.outputs, self.out_consts):
-            if kind == "slot":
-                res.append(outs[v])
-            elif kind == "input":
-                res.append(inputs[v])
-            elif kind == "param":
-                res.append(params[v])
-            else:
-                res.append(const)
-        return res
+        return gather_outputs(self.outputs, outs, inputs, params, self.out_consts)
 
     def args(self, launch, io):
         """The launch's arguments, its io slots taken from ``io`` (by io position)."""

@@ -18,7 +18,7 @@ from runtime import config
 from runtime.executable import Executable
 from runtime.memory import host_pool
 
-from ..lower import lower
+from ..lower import gather_outputs, lower
 from .emit import SMALL_OUTPUT, aligned_empty, compile_program, data_address, new_arena
 from .gemv import PACK_NEW, pack_states
 
@@ -127,20 +127,7 @@ class NativeRun:
         finally:
             if shared:
                 self.lock.release()
-        return outs if self.plain else self._results(outs, inputs, params)
-
-    def _results(self, outs, inputs, params):
-        res = []
-        for kind, v in self.results:
-            if kind == "slot":
-                res.append(outs[v])
-            elif kind == "input":
-                res.append(inputs[v])
-            elif kind == "param":
-                res.append(params[v])
-            else:
-                res.append(v)
-        return res
+        return outs if self.plain else gather_outputs(self.results, outs, inputs, params)
 
     def _bind_params(self, params):
         """Point the io array at the parameters' data. The arrays are held (with any converted
