@@ -19,7 +19,7 @@ import shutil
 import stat
 from pathlib import Path
 
-from .atomic import make_staging_dir, publish_dir, sweep_dead, temp_sibling
+from .atomic import make_staging_dir, publish_dir, restore_replaced, sweep_dead, temp_sibling
 
 FORMAT = "hybrid.artifact"
 FORMAT_VERSION = 1
@@ -187,6 +187,8 @@ def _check_part_name(path, name, known, trust_native_code):
 def read_manifest(path) -> dict:
     """The parsed, checked manifest of the artifact at ``path`` (no part is read)."""
     path = Path(path)
+    if not path.is_dir():
+        restore_replaced(path)  # an export killed mid-publish left the old one aside
     if not path.is_dir():
         raise ArtifactError(f"{path}: no such artifact directory (export writes a directory)")
     size = _regular_file(path / MANIFEST, f"{path}: manifest.json", MAX_MANIFEST_BYTES)

@@ -50,10 +50,33 @@ def _unwrap(name: str):
     return name, pids
 
 
-def sweep_dead(path) -> list:
-    """Remove the temporaries that writers which have since died left beside ``path``;
-    returns what was removed. A live writer's temporaries stay."""
+def restore_replaced(path) -> bool:
+    """Put back the old ``path`` that a writer killed between publish_dir's two renames left
+    under its 'old' name (the target is missing then); returns whether it did."""
     path = Path(path)
+    if path.exists() or path.is_symlink():
+        return False
+    try:
+        entries = list(os.scandir(path.parent))
+    except OSError:
+        return False
+    for entry in entries:
+        m = _TEMP.match(entry.name)
+        if m and m["kind"] == "old" and m["name"] == path.name and not _alive(int(m["pid"])):
+            try:
+                os.replace(entry.path, path)
+                return True
+            except OSError:
+                return False  # another process restored it first
+    return False
+
+
+def sweep_dead(path) -> list:
+    """Remove the temporaries that writers which have since died left beside ``path``
+    (first putting back a replaced original, see restore_replaced); returns what was
+    removed. A live writer's temporaries stay."""
+    path = Path(path)
+    restore_replaced(path)
     removed = []
     try:
         entries = list(os.scandir(path.parent))

@@ -216,3 +216,23 @@ def test_ctrl_c_at_random_points_of_the_engines_waits():
 def test_thousands_of_killed_writes_and_corruptions(tmp_path):
     _check_checkpoint_trials(tmp_path, 1000, seed=11)
     test_corrupted_checkpoints_are_refused_or_read_exactly(tmp_path, 10_000)
+
+
+def test_an_export_killed_between_its_two_renames_loses_nothing(tmp_path):
+    """publish_dir moves the old artifact aside, then the new one in: a writer killed
+    between the two leaves no artifact at the path; the next read or write puts the old
+    one back (the sweep used to delete it as a dead writer's temporary)."""
+    import subprocess
+    import sys
+    target = tmp_path / "art"
+    _export(target, 1)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    aside = tmp_path / f".art.old-{dead.pid}-0a1b2c3d"
+    os.replace(target, aside)
+    manifest, parts = read_artifact(target)
+    assert manifest["version"] == 1 and parts == _artifact_parts(1)
+    os.replace(target, aside)
+    _export(target, 2)
+    assert read_artifact(target)[0]["version"] == 2
+    assert [p.name for p in tmp_path.iterdir()] == ["art"]
