@@ -16,6 +16,7 @@ from compiler.ops import composite_nn as _c_nn
 
 from . import _state
 from .checkpoint import load_arrays as _load_arrays, save  # noqa: F401 - npx.save
+from .control_flow import cond, foreach, while_loop  # noqa: F401 - npx.foreach, ...
 from .ndarray import F, NDArray, apply, pick, one_hot, stop_gradient, waitall  # noqa: F401
 
 # Device names are hybrid's own (hybrid/__init__.py decides what ``hybrid.num_gpus`` is);

@@ -97,7 +97,9 @@ class Tracer(NDArray):
     def __bool__(self):
         self._refuse("bool() (an `if` or `while` on an array)",
                      "Python control flow cannot depend on array values in a graph: use "
-                     "hb.where(cond, a, b), or keep this block un-hybridized.")
+                     "hb.where(cond, a, b) to select elementwise, npx.cond(pred, then_func, "
+                     "else_func, inputs) to run one branch, npx.while_loop / npx.foreach for "
+                     "loops, or keep this block un-hybridized.")
 
     def __float__(self):
         self._refuse("float()", "Keep it an array.")
