@@ -12,8 +12,11 @@ the book's 12.1 MLP forward without ``hybridize()``.
 3. The book's MLP (Dense(256, relu) -> Dense(128, relu) -> Dense(2), float32) run eagerly at
    batch 1 and 64: 1000 forward calls then one ``waitall()``, us/call; NumPy by hand with the
    same weights beside (outputs checked equal).
-4. torch and JAX, the same computations, when they are importable (eager torch; JAX ops
-   without jit); otherwise 'not installed'.
+4. torch and JAX, the same computations (eager torch; JAX ops without jit), each in a process
+   of its own under its own interpreter (``--torch-python`` / ``--jax-python``, or
+   ``BENCH_TORCH_PYTHON`` / ``BENCH_JAX_PYTHON``, or the venvs /work/venv-torch and
+   /work/venv-jax: see benchmarks/peers.py), with the same inputs and weights; otherwise
+   'not installed'. Ratios to the peers measured in this run close the report.
 
 Peer figures from /work/shared/PERF.md are printed beside, labelled as such: they were measured
 on a machine like this one, not in this run. This machine is shared and noisy: read the ratios
@@ -22,12 +25,19 @@ warm-up, with the fastest in brackets. The load average is printed at the start 
 """
 from __future__ import annotations
 
+import json
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import peers  # noqa: E402
+
+peers.adopt_host_path()  # a peer's venv: hybrid and its dependencies from the parent's path
 
 import numpy as np  # noqa: E402
 
@@ -252,7 +262,51 @@ def bench_jax(mlp_inputs):
     return out
 
 
-def main():
+def run_peer(part, inputs):
+    """``bench_<part>`` in a process of its own, under the peer's interpreter; None when the
+    peer is not installed. The MLP inputs and weights travel in an .npz file."""
+    py = peers.interpreter(part)
+    if py is None:
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "mlp.npz")
+        arrays = {}
+        for batch, (a, weights) in inputs.items():
+            arrays[f"a{batch}"] = a
+            for i, (w, b) in enumerate(weights):
+                arrays[f"w{batch}_{i}"], arrays[f"b{batch}_{i}"] = w, b
+        np.savez(path, **arrays)
+        out = subprocess.run([py, os.path.abspath(__file__), "--peer", part, path],
+                             capture_output=True, text=True, timeout=1800, check=False,
+                             env=peers.child_env())
+    if out.returncode != 0:
+        print(f"   {part}: failed: {out.stderr.strip()[-300:]}")
+        return None
+    return {k: tuple(v) for k, v in json.loads(out.stdout.strip().splitlines()[-1]).items()}
+
+
+def _peer_main(part, path):
+    data = np.load(path)
+    inputs = {}
+    for batch in (1, 64):
+        n = sum(1 for k in data.files if k.startswith(f"w{batch}_"))
+        inputs[batch] = (data[f"a{batch}"], [(data[f"w{batch}_{i}"], data[f"b{batch}_{i}"])
+                                             for i in range(n)])
+    res = (bench_torch if part == "torch" else bench_jax)(inputs)
+    print(json.dumps(res))
+
+
+def main(argv=None):
+    import argparse  # noqa: PLC0415
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--peer", nargs=2, metavar=("PART", "NPZ"), help=argparse.SUPPRESS)
+    ap.add_argument("--torch-python", help="the interpreter of a venv with torch")
+    ap.add_argument("--jax-python", help="the interpreter of a venv with jax")
+    args = ap.parse_args(argv)
+    if args.peer:
+        return _peer_main(*args.peer)
+    peers.choose("torch", args.torch_python)
+    peers.choose("jax", args.jax_python)
     print(f"hybrid eager benchmark{' (HYBRID_SMOKE: tiny sizes)' if SMOKE else ''}; "
           f"{os.cpu_count()} CPU(s), Python {sys.version.split()[0]}, NumPy {np.__version__}, "
           f"engine {config.get('HYBRID_ENGINE')}, inline {bool(config.get('HYBRID_INLINE'))}")
@@ -283,22 +337,34 @@ def main():
           "waitall")
     net = make_mlp()
     inputs = {}
+    mlp = {}
     for batch in (1, 64):
         res, a, weights = bench_mlp(net, batch)
         inputs[batch] = (a, weights)
         h, r = res["hybrid eager"], res["numpy"]
+        mlp[batch] = h
         print(f"   batch {batch:<3d} hybrid eager {fmt(h)}  NumPy by hand {fmt(r)}  "
               f"ratio {h[0] / r[0]:5.1f}x")
         print(f"             PERF.md peers (NOT this run): {PEER_MLP[batch]}")
 
-    print("\n4. Peers in this run")
-    for name, fn in (("torch", bench_torch), ("JAX", bench_jax)):
-        res = fn(inputs)
+    print("\n4. Peers in this run (each in its own process)")
+    peer = {}
+    for name, part in (("torch", "torch"), ("JAX", "jax")):
+        res = run_peer(part, inputs)
         if res is None:
             print(f"   {name}: not installed")
             continue
+        peer[part] = res
+        print(f"   {name} {peers.version(part)}")
         for k, v in res.items():
             print(f"   {name:6s}{k:26s}{fmt(v)}")
+    t = peer.get("torch")
+    if t:
+        print("\n5. Ratios to PyTorch eager, this run (issue 23's target: <= 1.5x)")
+        print(f"   y = x + 1, synchronous      {book['sync'][0] / t['x + 1 (sync)'][0]:6.2f}x")
+        for batch in (1, 64):
+            print(f"   MLP b{batch:<3d} eager            "
+                  f"{mlp[batch][0] / t[f'MLP b{batch}'][0]:6.2f}x")
     print(f"\n{load()} (at end)")
 
 

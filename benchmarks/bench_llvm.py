@@ -2,6 +2,12 @@
 and PyTorch / JAX when they are importable in this environment.
 
     python benchmarks/bench_llvm.py            # HYBRID_SMOKE=1 for a quick pass
+    python benchmarks/bench_llvm.py --torch-python /work/venv-torch/bin/python \
+        --jax-python /work/venv-jax/bin/python   # peers in venvs of their own
+
+PyTorch and JAX run under their own interpreters when they are not importable here:
+``--torch-python`` / ``--jax-python``, or ``BENCH_TORCH_PYTHON`` / ``BENCH_JAX_PYTHON``, or the
+venvs ``/work/venv-torch`` and ``/work/venv-jax`` when they exist (benchmarks/peers.py).
 
 Each framework is measured in a process of its own, one after another (``--part hybrid``,
 ``numpy``, ``torch``, ``jax``), as PERF.md measured the peers: a framework's worker threads
@@ -23,11 +29,16 @@ import sys
 import tempfile
 import time
 
-import numpy as np
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import peers  # noqa: E402
 
-import hybrid as hb
-from hybrid import autograd, loss, nn
-from hybrid.nn import models
+peers.adopt_host_path()  # a peer's venv: hybrid and its dependencies from the parent's path
+
+import numpy as np  # noqa: E402
+
+import hybrid as hb  # noqa: E402
+from hybrid import autograd, loss, nn  # noqa: E402
+from hybrid.nn import models  # noqa: E402
 
 SMOKE = bool(hb.config.get("HYBRID_SMOKE"))
 REPS = 5
@@ -77,8 +88,7 @@ def _jax():
 
 
 def _installed(name) -> bool:
-    import importlib.util  # noqa: PLC0415
-    return importlib.util.find_spec(name) is not None
+    return peers.interpreter(name) is not None
 
 
 # ------------------------------------------------------------------------- A
@@ -346,7 +356,13 @@ def main(argv=None):
                     help="run every framework's process this many times, interleaved, and keep "
                          "each figure's best round (these machines drift by +-10%% between "
                          "minutes; every framework gets the same chances)")
+    ap.add_argument("--torch-python", help="the interpreter of a venv with torch "
+                    "(default: $BENCH_TORCH_PYTHON, this one, /work/venv-torch)")
+    ap.add_argument("--jax-python", help="the interpreter of a venv with jax "
+                    "(default: $BENCH_JAX_PYTHON, this one, /work/venv-jax)")
     args = ap.parse_args(argv)
+    peers.choose("torch", args.torch_python)
+    peers.choose("jax", args.jax_python)
     if args.part:
         PART = args.part
         print(json.dumps(measure_part()))
@@ -358,8 +374,9 @@ def main(argv=None):
         for part in PARTS:
             if part in ("torch", "jax") and not _installed(part):
                 continue
-            out = subprocess.run([sys.executable, __file__, "--part", part],
-                                 capture_output=True, text=True, timeout=1800)
+            out = subprocess.run([peers.interpreter(part), __file__, "--part", part],
+                                 capture_output=True, text=True, timeout=1800, check=False,
+                                 env=peers.child_env())
             if out.returncode != 0:
                 failed.append(("(failed)", part, float("nan"), out.stderr.strip()[-300:]))
                 continue
@@ -376,8 +393,8 @@ def main(argv=None):
     rank = {w: i for i, w in enumerate(ORDER)}
     rows.sort(key=lambda r: rank.get(r[0], len(ORDER)))  # stable: parts in order per row
     print(f"\nhybrid benchmarks (load average {os.getloadavg()[0]:.1f}; each framework in its "
-          f"own process; torch {'yes' if _installed('torch') else 'not installed'}, "
-          f"jax {'yes' if _installed('jax') else 'not installed'})")
+          f"own process; torch {peers.version('torch') or 'not installed'}, "
+          f"jax {peers.version('jax') or 'not installed'})")
     print(f"{'workload':32s} {'variant':30s} {'value':>10s}  unit")
     for w, v, val, unit in rows:
         print(f"{w:32s} {v:30s} {val:10.2f}  {unit}")
