@@ -13,6 +13,7 @@ import networkx as nx
 
 from .graph import SOURCE_OPS, Graph, NodeRef
 from .ops import REGISTRY, OpNamespace, Spec
+from .ops.control import CONTROL_OPS
 
 
 class Sym:
@@ -67,16 +68,29 @@ def differentiate(graph: Graph, wrt: list[int]):
     need = set()
     for w in wrt:
         need |= nx.descendants(graph.g, w) | {w}
+    results: dict[int, dict] = {}  # control node -> {result index: its cotangent}
     for n in reversed(graph.topo_order()):
         d = graph.node(n)
-        if d["op"] in SOURCE_OPS or n not in acc or n not in need:
+        if d["op"] == "nth":  # a control node's result: its rule sees all of them at once
+            if n in acc and n in need:
+                cot = results.setdefault(graph.arg_ids(n)[0], {})
+                k = d["attrs"]["index"]
+                cot[k] = acc[n] if k not in cot else F.add(cot[k], acc[n])
             continue
+        if d["op"] in CONTROL_OPS:
+            if n not in results or n not in need:
+                continue
+            g_out = [results[n].get(k) for k in range(len(d["results"]))]
+        elif d["op"] in SOURCE_OPS or n not in acc or n not in need:
+            continue
+        else:
+            g_out = acc[n]
         op = REGISTRY[d["op"]]
         if op.grad is None:
             continue
         b.where, b.device = d.get("where"), d.get("device", "cpu(0)")
         args = [Sym(joint, a.id) if isinstance(a, NodeRef) else a for a in graph.args(n)]
-        in_grads = op.grad(F, args, Sym(joint, n), acc[n], **d["attrs"])
+        in_grads = op.grad(F, args, Sym(joint, n), g_out, **d["attrs"])
         for a, g in zip(args, in_grads):
             if g is None or not isinstance(a, Sym) or a.id not in need:
                 continue
@@ -121,7 +135,25 @@ class TrainingGraphs:
     n_outputs: int
 
 
+def expose_results(graph: Graph) -> Graph:
+    """``graph`` with an nth node for every result of every control node: the results a
+    control node's gradient reads back (the states each step started from) are then
+    forward values, which ``split_joint`` passes to the backward as residuals."""
+    if not any(graph.op(n) in CONTROL_OPS for n in graph.g.nodes):
+        return graph
+    graph = graph.copy()
+    for n in [n for n in graph.topo_order() if graph.op(n) in CONTROL_OPS]:
+        have = {graph.node(u)["attrs"]["index"] for u in graph.users(n)
+                if graph.op(u) == "nth"}
+        d = graph.node(n)
+        for k in range(len(d["results"])):
+            if k not in have:
+                graph.add_op("nth", [NodeRef(n)], {"index": k}, d.get("where"), d["device"])
+    return graph
+
+
 def split_joint(graph: Graph, wrt: list[int]) -> TrainingGraphs:
+    graph = expose_results(graph)
     joint, grad_inputs, grads = differentiate(graph, wrt)
     g = joint.g
     fwd_nodes = set(graph.g.nodes)

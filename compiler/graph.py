@@ -16,6 +16,7 @@ import numpy as np
 from runtime.artifact import clip
 
 from .ops import ALL_DTYPES, REGISTRY, OpError, Spec, infer_types
+from .ops.control import TUPLE_SPEC, Body
 
 SCHEMA_VERSION = 1
 SOURCE_OPS = ("input", "param", "const")
@@ -72,10 +73,24 @@ class Graph:
                 specs.append(a)
                 scalars[pos] = a
         attrs = {k: _attr_value(v) for k, v in attrs.items()}
-        out = infer_types(name, specs, attrs)
-        if len(out) != 1:
-            raise GraphError(f"op {name} has {len(out)} outputs; graphs hold one-output ops")
-        nid = self._add(name, out[0], attrs, scalars, where, device)
+        if name == "nth":  # a result of a control-flow node: typed by the node it reads
+            results = self.node(edges[0][0]).get("results") if len(edges) == 1 else None
+            index = attrs.get("index")
+            if results is None or type(index) is not int or not 0 <= index < len(results):
+                raise GraphError(f"nth(index={index!r}) must read one control-flow node and "
+                                 "name one of its results")
+            nid = self._add(name, results[index], attrs, scalars, where, device)
+        elif REGISTRY[name].kind == "control" if name in REGISTRY else False:
+            # several results: a tuple node (an empty value) whose results nth nodes read
+            results = infer_types(name, specs, attrs)
+            nid = self._add(name, TUPLE_SPEC, attrs, scalars, where, device,
+                            results=tuple(results))
+        else:
+            out = infer_types(name, specs, attrs)
+            if len(out) != 1:
+                raise GraphError(f"op {name} has {len(out)} outputs; graphs hold one-output "
+                                 "ops")
+            nid = self._add(name, out[0], attrs, scalars, where, device)
         for src, pos in edges:
             self.g.add_edge(src, nid, pos=pos)
         return nid
@@ -389,6 +404,8 @@ def _num(v):
 
 
 def _jsonable(v):
+    if isinstance(v, Body):  # a control-flow body: a whole graph document, constants inline
+        return {"__body__": json.loads(v.to_json())}
     if isinstance(v, dict):
         return {str(k): _jsonable(x) for k, x in v.items()}
     if isinstance(v, tuple):
@@ -404,6 +421,8 @@ def _jsonable(v):
 
 def _restore(v):
     if isinstance(v, dict):
+        if set(v) == {"__body__"}:
+            return Body(Graph.from_json(json.dumps(v["__body__"])))
         if set(v) == {"__tuple__"}:
             return tuple(_restore(x) for x in v["__tuple__"])
         if set(v) == {"__float__"}:

@@ -12,6 +12,7 @@ import time
 from runtime import config
 from runtime.executable import Executable, PartExecutable, PartitionedExecutable
 
+from .control_flow import compile_control, has_control, is_control_part
 from .graph import Graph
 from .passes import fuse, plan_memory, schedule, simplify
 from .passes.index_checks import add_index_checks, checked_run
@@ -68,6 +69,16 @@ def compile(graph: Graph, backend: str = "reference", device=None, passes=None):
     (one compiled part per device and stage: see passes/partition.py)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if has_control(graph):
+        # a control node runs its compiled bodies in a loop: a part of its own, between the
+        # parts before and after it (passes/partition.py)
+        graph = graph.copy()
+        graph.remove_dead()
+        if is_control_part(graph):
+            return compile_control(graph, backend, device,
+                                   lambda body: compile(body, backend, device, passes))
+        if has_control(graph):
+            return _compile_parts(graph, backend, device, passes)
     if len(devices_of(graph)) > 1 or (device is not None and
                                        devices_of(graph) - {str(device)}):
         # ops on several devices, or all on another device than the call's (x.to(cpu(1))

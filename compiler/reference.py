@@ -5,7 +5,10 @@ The oracle every backend is compared against, and ``backend="reference"``.
 from __future__ import annotations
 
 from .graph import Graph, NodeRef
-from .ops import eager_apply
+from .ops import REGISTRY, eager_apply
+from .ops.control import CONTROL_OPS
+
+_TUPLE_OPS = frozenset(CONTROL_OPS + ("nth",))  # their values are Python tuples (or an item)
 
 
 class ReferenceProgram:
@@ -47,7 +50,10 @@ class ReferenceProgram:
             vals[s] = xp.asarray(v)
         for op, args, attrs, specs, out, free in self.steps:
             raw = [vals[i] if k == "s" else i for k, i in args]
-            vals[out] = eager_apply(xp, op, raw, attrs, specs)[0]
+            if op in _TUPLE_OPS:  # a control node's results, read by its nth nodes
+                vals[out] = REGISTRY[op].impl(xp, *raw, **attrs)
+            else:
+                vals[out] = eager_apply(xp, op, raw, attrs, specs)[0]
             for f in free:
                 vals[f] = None
         return [vals[s] for s in self.output_slots]

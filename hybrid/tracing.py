@@ -162,15 +162,12 @@ class Trace:
         device = None
         for a in args:
             if isinstance(a, Tracer):
-                if a._trace is not self:
-                    raise TraceError(f"a traced value from another trace was used at {_at()}: "
-                                     "do not keep arrays from inside forward in globals")
                 if device is None:
                     device = a.device
                 elif a.device != device:
                     raise TraceError(f"{name}: arguments are on different devices ({device} "
                                      f"and {a.device}) at {_at()}; move one with .to(device)")
-                conv.append(NodeRef(a._nid))
+                conv.append(NodeRef(a._nid if a._trace is self else self.foreign(a)))
             elif isinstance(a, NDArray):
                 conv.append(NodeRef(self.capture(a)))
             elif is_scalar(a):
@@ -188,6 +185,12 @@ class Trace:
         except OpError as exc:
             raise OpError(f"{exc} (at {_at()}, while hybridizing)") from None
         return Tracer(self, nid, self.graph.spec(nid), device)
+
+    def foreign(self, a: Tracer) -> int:
+        """The node of a traced value of another trace (a control-flow body's trace lifts
+        its enclosing trace's values: control_trace.SubTrace)."""
+        raise TraceError(f"a traced value from another trace was used at {_at()}: "
+                         "do not keep arrays from inside forward in globals")
 
     def capture(self, a: NDArray) -> int:
         """A concrete array used inside forward becomes a graph constant (its value now)."""
@@ -267,6 +270,10 @@ def inplace_rebind(target: NDArray, new):
     tr = _state.local.trace
     if not isinstance(new, Tracer):
         raise TraceError(f"in-place update with a concrete value at {_at()}")
+    if isinstance(target, Tracer) and target._trace is not tr:
+        raise TraceError(f"in-place update at {_at()} of an array from outside the "
+                         "npx.foreach / while_loop / cond body it is in: a body cannot write "
+                         "to the enclosing graph; carry the value as a state and return it")
     if isinstance(target, Tracer):
         p = tr.param_of_node.get(target._nid)
         if p is not None:
@@ -688,14 +695,15 @@ def _run_training(entry, inputs, handles, device, name):
     outs = run_fwd(inputs, handles, name)
     g = entry.graph
     n_out = len(g.outputs)
+    fg = tg.forward  # the residuals' graph (it may read a control node's extra results)
     extra = {nid: outs[n_out + k] for k, nid in
-             enumerate(r for r in tg.residuals if g.op(r) not in ("input", "param"))}
+             enumerate(r for r in tg.residuals if fg.op(r) not in ("input", "param"))}
     res = []  # the residuals as they are now: an input or parameter rebound before backward
     for r in tg.residuals:  # (an in-place update) must not change this call's gradients
         if r in extra:
             res.append(extra[r])
         else:
-            a = inputs[g.inputs.index(r)] if g.op(r) == "input" else \
+            a = inputs[g.inputs.index(r)] if fg.op(r) == "input" else \
                 handles[g.params.index(r)]
             res.append(a.detach())  # the buffer it has now
     user_outs = outs[:n_out]

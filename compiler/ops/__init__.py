@@ -8,7 +8,7 @@ from . import composite
 from .core import (ALL_DTYPES, DEFAULT_FLOAT, FLOAT_DTYPES, INT_DTYPES, REGISTRY, OpDef, OpError,
                    OpNamespace, Spec, dtype_name, get_op, infer_types, is_scalar, result_dtype,
                    spec_of)
-from . import elementwise, linalg, movement, nn, random, reduce  # noqa: F401 - registration
+from . import control, elementwise, linalg, movement, nn, random, reduce  # noqa: F401 - registration
 
 _ndarray = _np.ndarray
 

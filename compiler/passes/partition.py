@@ -1,4 +1,5 @@
-"""partition: cut a graph that spans several devices into one graph per device and stage.
+"""partition: cut a graph that spans several devices into one graph per device and stage
+(and a control-flow node, with the nth nodes reading its results, into a part of its own).
 
 A hybridized forward that moves values with ``x.to(device)`` (a ``device_copy`` node) holds
 ops of several devices. Each op gets a *stage*: the most device changes on any path from the
@@ -18,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..graph import SOURCE_OPS, Graph, NodeRef
+from ..ops.control import CONTROL_OPS
 
 
 @dataclasses.dataclass
@@ -45,17 +47,21 @@ def devices_of(graph: Graph) -> set:
 def partition(graph: Graph) -> Partitioning:
     """Pure: the parts of ``graph`` (one part when all its ops share one device)."""
     dev = {n: graph.node(n).get("device", "cpu(0)") for n in graph.g.nodes}
+    ctrl = _control_groups(graph)
     stage = {}
     order = graph.topo_order()
     for n in order:
         if graph.op(n) in SOURCE_OPS:
             stage[n] = 0
             continue
-        stage[n] = max((stage[a] + (dev[a] != dev[n]) for a in graph.arg_ids(n)), default=0)
-    keys = sorted({(stage[n], dev[n]) for n in order if graph.op(n) not in SOURCE_OPS},
-                  key=lambda k: (k[0], _device_rank(k[1])))
-    part_of = {n: keys.index((stage[n], dev[n])) for n in order
-               if graph.op(n) not in SOURCE_OPS}
+        # crossing a device or a control part's boundary starts a new stage
+        stage[n] = max((stage[a] + (dev[a] != dev[n] or ctrl.get(a) != ctrl.get(n))
+                        for a in graph.arg_ids(n)), default=0)
+    key_of = {n: (stage[n], dev[n], ctrl.get(n, -1)) for n in order
+              if graph.op(n) not in SOURCE_OPS}
+    keys = sorted(set(key_of.values()), key=lambda k: (k[0], _device_rank(k[1]), k[2]))
+    index = {k: i for i, k in enumerate(keys)}
+    part_of = {n: index[k] for n, k in key_of.items()}
     builders = [_PartBuilder(graph, key[1], i) for i, key in enumerate(keys)]
     for n in order:
         if graph.op(n) in SOURCE_OPS:
@@ -73,6 +79,19 @@ def partition(graph: Graph) -> Partitioning:
     parts = [Part(b.device, b.sub, b.input_refs, b.param_refs, b.input_devices)
              for b in builders]
     return Partitioning(parts, outputs)
+
+
+def _control_groups(graph: Graph) -> dict:
+    """Control node or nth reading one -> the control node: each group is a part of its own
+    (compiler/control_flow.py runs it), so no other pass ever sees a control node."""
+    groups = {}
+    for n in graph.g.nodes:
+        op = graph.op(n)
+        if op in CONTROL_OPS:
+            groups[n] = n
+        elif op == "nth":
+            groups[n] = graph.arg_ids(n)[0]
+    return groups
 
 
 def _device_rank(device: str):

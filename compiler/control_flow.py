@@ -1,0 +1,337 @@
+"""What the control-flow ops do, how they are differentiated, and how they compile.
+
+One loop runner per op (``run_control``) serves every backend: it is handed a ``run_body``
+that runs a body's compiled executable (or the NumPy interpreter, for the reference oracle),
+so a loop's body is a graph of its own, optimized by the whole pass list (fusion and a memory
+plan inside the loop), compiled once and called once per step with the step's rows; the
+runner writes each step's outputs into rows preallocated for all steps.
+
+Gradients (``control_grad``): a ``foreach`` is differentiated by a reverse ``foreach`` whose
+body is the forward body's vector-Jacobian product (the body is run again inside it, from the
+states each forward step started from, which the forward returns: no per-op residuals are
+kept across steps); the captured values' gradients are summed in carried states. A
+``while_loop``'s gradient is the same reverse scan over the steps actually taken (a
+``counted`` foreach, bounded by ``max_iterations``); a ``cond``'s is a ``cond`` of the two
+branches' VJPs, so only the branch taken is differentiated.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from runtime.executable import Executable
+
+from .graph import Graph, NodeRef
+from .ops.control import CONTROL_OPS, Body
+
+FLOATS = ("float16", "float32", "float64")
+
+
+# ============================================================ running
+def _zeros(xp, shape, dtype):
+    return xp.zeros(tuple(shape), dtype=dtype)
+
+
+def _truth(xp, v) -> bool:
+    return bool(np.asarray(v.get() if hasattr(v, "get") else v).reshape(()))
+
+
+def run_control(xp, op, args, attrs, run_body, wanted=None):
+    """The results of control op ``op`` on raw arrays. ``run_body(name, inputs) -> outputs``
+    runs the body attribute ``name``; ``wanted``: the result indices someone reads (None:
+    all), so an inference call never stacks the states a gradient would need."""
+    if op == "foreach":
+        return _run_foreach(xp, args, attrs, run_body, wanted)
+    if op == "while_loop":
+        return _run_while(xp, args, attrs, run_body, wanted)
+    if op == "cond":
+        branch = "then_body" if _truth(xp, args[0]) else "else_body"
+        return list(run_body(branch, list(args[1:])))
+    raise ValueError(f"{op!r} is not a control-flow op")
+
+
+def _run_foreach(xp, args, attrs, run_body, wanted):
+    body, nd, ns = attrs["body"], attrs["n_data"], attrs["n_states"]
+    args = list(args)
+    count = int(np.asarray(args.pop(0).get() if hasattr(args[0], "get") else args[0])) \
+        if attrs.get("counted") else None
+    seqs, states, caps = args[:nd], list(args[nd:nd + ns]), args[nd + ns:]
+    steps = seqs[0].shape[0]
+    n = steps if count is None else max(0, min(count, steps))
+    outs_spec = body.out_specs
+    n_out = len(outs_spec) - ns
+    keep_seq = wanted is None or any(i >= n_out + ns for i in wanted)
+    outs = [_zeros(xp, (steps,) + tuple(s.shape), s.dtype) for s in outs_spec[:n_out]]
+    seq = [_zeros(xp, (steps,) + tuple(s.shape), s.dtype) for s in states] if keep_seq else \
+        [None] * ns
+    for t in (reversed(range(n)) if attrs.get("reverse") else range(n)):
+        if keep_seq:
+            for k, s in enumerate(states):
+                seq[k][t] = s
+        res = run_body("body", [s[t] for s in seqs] + states + list(caps))
+        for k in range(n_out):
+            outs[k][t] = res[k]
+        states = list(res[n_out:])
+    if not keep_seq:  # results nobody reads: empty stand-ins of the right type are enough
+        seq = [_zeros(xp, (steps,) + tuple(s.shape), s.dtype) if steps == 0 else None
+               for s in states]
+    return outs + states + seq
+
+
+def _run_while(xp, args, attrs, run_body, wanted):
+    nv, cap = attrs["n_vars"], attrs["max_iterations"]
+    lvars, caps = list(args[:nv]), list(args[nv:])
+    outs_spec = attrs["func"].out_specs
+    n_out = len(outs_spec) - nv
+    keep_seq = wanted is None or any(i > n_out + nv for i in wanted)
+    outs = [_zeros(xp, (cap,) + tuple(s.shape), s.dtype) for s in outs_spec[:n_out]]
+    seq = [_zeros(xp, (cap,) + tuple(v.shape), v.dtype) for v in lvars] if keep_seq else \
+        [None] * nv
+    n = 0
+    while n < cap and _truth(xp, run_body("cond", lvars + caps)[0]):
+        if keep_seq:
+            for k, v in enumerate(lvars):
+                seq[k][n] = v
+        res = run_body("func", lvars + caps)
+        for k in range(n_out):
+            outs[k][n] = res[k]
+        lvars = list(res[n_out:])
+        n += 1
+    return outs + lvars + [xp.asarray(np.int64(n))] + seq
+
+
+def run_reference_control(xp, op, args, attrs):
+    """The registry's eager implementation (the NumPy interpreter's): bodies interpreted."""
+    from .reference import ReferenceProgram  # noqa: PLC0415 - reference imports the ops
+
+    progs = {}
+
+    def run_body(name, inputs):
+        if name not in progs:
+            progs[name] = ReferenceProgram(attrs[name].graph)
+        return progs[name](xp, inputs, [])
+    return tuple(run_control(xp, op, args, attrs, run_body))
+
+
+# ============================================================ compiling
+def has_control(graph: Graph) -> bool:
+    return any(graph.op(n) in CONTROL_OPS for n in graph.g.nodes)
+
+
+def is_control_part(graph: Graph) -> bool:
+    """A part holding one control node and the nth nodes reading it (see partition)."""
+    ops = [graph.op(n) for n in graph.g.nodes if graph.op(n) not in ("input", "param", "const")]
+    return sum(op in CONTROL_OPS for op in ops) == 1 and \
+        all(op in CONTROL_OPS or op == "nth" for op in ops) and \
+        all(graph.op(o) == "nth" for o in graph.outputs)
+
+
+def compile_control(graph: Graph, backend: str, device, compile_body) -> Executable:
+    """The executable of a control part: its bodies compiled by ``compile_body(graph)`` (the
+    same backend and device), run by the op's loop runner."""
+    (node,) = [n for n in graph.g.nodes if graph.op(n) in CONTROL_OPS]
+    d = graph.node(node)
+    op, attrs = d["op"], d["attrs"]
+    bodies = {k: compile_body(v.graph) for k, v in attrs.items() if isinstance(v, Body)}
+    runs = {k: exe.run for k, exe in bodies.items()}
+    sources = []  # per operand: ("input", i) / ("param", i) / ("const", array)
+    for a in graph.arg_ids(node):
+        kind = graph.op(a)
+        if kind == "input":
+            sources.append(("input", graph.inputs.index(a)))
+        elif kind == "param":
+            sources.append(("param", graph.params.index(a)))
+        else:
+            sources.append(("const", graph.constants[graph.node(a)["attrs"]["name"]]))
+    picks = []  # per part output: the result index it is
+    for o in graph.outputs:
+        if graph.op(o) != "nth" or graph.arg_ids(o) != [node]:
+            raise ValueError("a control part's outputs are the results of its node")
+        picks.append(graph.node(o)["attrs"]["index"])
+    wanted = frozenset(picks)
+
+    def run(xp, inputs, params):
+        args = [inputs[i] if kind == "input" else params[i] if kind == "param"
+                else xp.asarray(i) for kind, i in sources]
+        res = run_control(xp, op, args, attrs,
+                          lambda name, vals: runs[name](xp, vals, []), wanted)
+        return [res[k] for k in picks]
+
+    report = {"control": op, "bodies": {k: exe.report for k, exe in bodies.items()},
+              "passes": [r for exe in bodies.values() for r in exe.report.get("passes", [])],
+              "graph": graph,
+              "explain": f"   {op} over bodies " + ", ".join(
+                  f"{k} ({len(v.graph)} nodes)" for k, v in attrs.items()
+                  if isinstance(v, Body))}
+    return Executable(run, backend, [graph.spec(n) for n in graph.inputs],
+                      [graph.spec(n) for n in graph.params],
+                      [graph.spec(o) for o in graph.outputs], device, report)
+
+
+# ============================================================ gradients
+def _vjp_body(body: Body, wrt: list, name: str) -> Body:
+    """A body computing the vector-Jacobian product of ``body``: inputs ``body``'s inputs,
+    then one cotangent per output; outputs the gradient of each input index in ``wrt``."""
+    from .autodiff import differentiate  # noqa: PLC0415 - autodiff imports the ops
+
+    fwd = body.graph
+    joint, grad_inputs, grads = differentiate(fwd, [fwd.inputs[i] for i in wrt])
+    joint.inputs = list(fwd.inputs) + list(grad_inputs)
+    joint.outputs = list(grads)
+    joint.name = name
+    joint.remove_dead()
+    return Body(joint)
+
+
+def _zeros_like_sym(F, spec):
+    return F.full(shape=tuple(spec.shape), value=0.0, dtype=spec.dtype)
+
+
+def _results_of(graph: Graph, tup: int, count: int, F) -> list:
+    """The nth nodes reading every result of ``tup`` (created where missing)."""
+    from .autodiff import Sym  # noqa: PLC0415
+
+    have = {graph.node(u)["attrs"]["index"]: u for u in graph.users(tup)
+            if graph.op(u) == "nth"}
+    return [Sym(graph, have[k]) if k in have else F.nth(Sym(graph, tup), index=k)
+            for k in range(count)]
+
+
+def control_grad(F, op, inputs, out, g, attrs):
+    """Input gradients of a control node; ``g`` holds one cotangent per result (None where
+    nothing reads it)."""
+    graph = out.graph
+    results = graph.node(out.id)["results"]
+    res = _results_of(graph, out.id, len(results), F)
+    if op == "foreach":
+        return _foreach_grad(F, inputs, res, g, attrs)
+    if op == "while_loop":
+        return _while_grad(F, inputs, res, g, attrs)
+    return _cond_grad(F, inputs, g, attrs)
+
+
+def _is_float(sym) -> bool:
+    return hasattr(sym, "dtype") and sym.dtype in FLOATS
+
+
+def _cot(F, g, like):
+    return g if g is not None else _zeros_like_sym(F, like.graph.spec(like.id))
+
+
+def _scan_back(F, body: Body, seqs, states, caps, g_seq, g_final, states_seq, count=None,
+               name="foreach"):
+    """The reverse scan shared by foreach's and while_loop's gradients: returns (gradients
+    of the data rows, of the initial states, of the captured values) — None where not
+    float. ``seqs``: the data each forward step read (rows); ``states_seq``: the states each
+    step started from."""
+    n_data, n_states = len(seqs), len(states)
+    inputs = list(seqs) + list(states) + list(caps)
+    # body inputs: data_t..., state_t..., caps...; differentiate w.r.t. the float ones
+    wrt = [i for i, a in enumerate(inputs) if _is_float(a)]
+    wrt_caps = [i for i in wrt if i >= n_data + n_states]
+    wrt_main = [i for i in wrt if i < n_data + n_states]
+    if not wrt:
+        return [None] * len(seqs), [None] * len(states), [None] * len(caps)
+    vjp = _vjp_body(body, wrt_main + wrt_caps, f"{body.graph.name}_vjp")
+    # rearrange the VJP body into a foreach body: data (rows of the forward data, of the
+    # states each step started from, of the outputs' cotangents), carried states (the
+    # states' cotangents, the captured values' sums), captured (the forward's captured)
+    fwd_in = len(inputs)
+    n_out = len(body.out_specs) - n_states
+    vg = vjp.graph
+    ins = list(vg.inputs)
+    x_rows = ins[:n_data]
+    s_rows = ins[n_data:n_data + n_states]
+    cap_in = ins[n_data + n_states:fwd_in]
+    g_out_rows = ins[fwd_in:fwd_in + n_out]
+    g_states = ins[fwd_in + n_out:fwd_in + n_out + n_states]
+    # carried sums of the captured gradients
+    from .autodiff import GraphBuilder  # noqa: PLC0415
+    b = GraphBuilder(vg)
+    grads = list(vg.outputs)
+    k_main = len(wrt_main)
+    acc_nodes, new_acc = [], []
+    for j, i in enumerate(wrt_caps):
+        acc = vg.add_input(vg.spec(vg.inputs[i]), f"acc{i}")
+        acc_nodes.append(acc)
+        new_acc.append(b.apply("add", (NodeRef(acc), NodeRef(grads[k_main + j])), {}).id)
+    main = dict(zip(wrt_main, grads[:k_main]))
+    out_rows = [main.get(i) for i in range(n_data)]  # per data input: its row gradient
+    new_g_states = []
+    for k in range(n_states):
+        i = n_data + k
+        if i in main:
+            new_g_states.append(main[i])
+        else:
+            spec = vg.spec(s_rows[k])
+            new_g_states.append(b.apply("full", (), {"shape": tuple(spec.shape), "value": 0.0,
+                                                     "dtype": spec.dtype}).id)
+    float_rows = [i for i in range(n_data) if out_rows[i] is not None]
+    vg.inputs = x_rows + s_rows + g_out_rows + g_states + acc_nodes + cap_in
+    vg.outputs = [out_rows[i] for i in float_rows] + new_g_states + new_acc
+    vg.name = f"{body.graph.name}_back"
+    vg.remove_dead()
+    back = Body(vg)
+    data = list(seqs) + list(states_seq) + [g for g in g_seq]
+    init = list(g_final) + [_zeros_like_sym(F, caps[i - n_data - n_states].graph.spec(
+        caps[i - n_data - n_states].id)) for i in wrt_caps]
+    lead = [count] if count is not None else []
+    node = F.foreach(*(lead + data + init + list(caps)), body=back, n_data=len(data),
+                     n_states=len(init), reverse=True, counted=count is not None)
+    n_res = len(float_rows) + 2 * len(init)
+    res = _results_of(node.graph, node.id, n_res, F)
+    g_rows = [None] * n_data
+    for j, i in enumerate(float_rows):
+        g_rows[i] = res[j]
+    finals = res[len(float_rows):len(float_rows) + len(init)]
+    g_init = [finals[k] if _is_float(states[k]) else None for k in range(n_states)]
+    g_caps = [None] * len(caps)
+    for j, i in enumerate(wrt_caps):
+        g_caps[i - n_data - n_states] = finals[n_states + j]
+    return g_rows, g_init, g_caps
+
+
+def _foreach_grad(F, inputs, res, g, attrs):
+    body, nd, ns = attrs["body"], attrs["n_data"], attrs["n_states"]
+    if attrs.get("reverse") or attrs.get("counted"):
+        raise ValueError("the gradient of a gradient's scan (second-order differentiation "
+                         "through foreach) is not supported")
+    seqs, states, caps = inputs[:nd], inputs[nd:nd + ns], inputs[nd + ns:]
+    n_out = len(body.out_specs) - ns
+    outs, finals, states_seq = res[:n_out], res[n_out:n_out + ns], res[n_out + ns:]
+    g_seq = [_cot(F, g[k], outs[k]) for k in range(n_out)]
+    g_final = [_cot(F, g[n_out + k], finals[k]) for k in range(ns)]
+    g_rows, g_init, g_caps = _scan_back(F, body, seqs, states, caps, g_seq, g_final,
+                                        states_seq)
+    return tuple(g_rows) + tuple(g_init) + tuple(g_caps)
+
+
+def _while_grad(F, inputs, res, g, attrs):
+    func, nv = attrs["func"], attrs["n_vars"]
+    lvars, caps = inputs[:nv], inputs[nv:]
+    n_out = len(func.out_specs) - nv
+    outs, finals = res[:n_out], res[n_out:n_out + nv]
+    count, vars_seq = res[n_out + nv], res[n_out + nv + 1:]
+    g_seq = [_cot(F, g[k], outs[k]) for k in range(n_out)]
+    g_final = [_cot(F, g[n_out + k], finals[k]) for k in range(nv)]
+    # func's inputs are (vars..., caps...): a foreach body with no data rows of its own
+    _, g_init, g_caps = _scan_back(F, func, [], lvars, caps, g_seq, g_final, vars_seq,
+                                   count=count)
+    return tuple(g_init) + tuple(g_caps)
+
+
+def _cond_grad(F, inputs, g, attrs):
+    operands = inputs[1:]
+    wrt = [i for i, a in enumerate(operands) if _is_float(a)]
+    if not wrt:
+        return (None,) * len(inputs)
+    then_b, else_b = attrs["then_body"], attrs["else_body"]
+    outs = then_b.out_specs
+    cots = [c if c is not None else _zeros_like_sym(F, s) for c, s in zip(g, outs)]
+    vjp_then = _vjp_body(then_b, wrt, f"{then_b.graph.name}_vjp")
+    vjp_else = _vjp_body(else_b, wrt, f"{else_b.graph.name}_vjp")
+    node = F.cond(inputs[0], *operands, *cots, then_body=vjp_then, else_body=vjp_else)
+    res = _results_of(node.graph, node.id, len(wrt), F)
+    grads = [None] * len(operands)
+    for j, i in enumerate(wrt):
+        grads[i] = res[j]
+    return (None,) + tuple(grads)
