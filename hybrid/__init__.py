@@ -11,6 +11,7 @@ from runtime.engine import AsyncOpError, WaitTimeout
 from . import _state, autograd, config, npx, random
 from .ndarray import *  # noqa: F401,F403 - NumPy-named functions
 from .ndarray import NDArray, apply, array, asarray, waitall
+from .numpy_ops import *  # noqa: F401,F403 - sort, einsum, arcsin/asin, ... (numpy_ops.py)
 from .benchmark import Benchmark
 
 __version__ = "0.1.0"

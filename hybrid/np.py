@@ -15,6 +15,7 @@ import numpy as _numpy
 from . import linalg, random  # noqa: F401 - np.linalg, np.random
 from .ndarray import *  # noqa: F401,F403 - the NumPy-named functions
 from .ndarray import NDArray
+from .numpy_ops import *  # noqa: F401,F403 - more of NumPy's and the Array API's names
 
 ndarray = NDArray  # the array class: isinstance(x, np.ndarray)
 
@@ -28,6 +29,7 @@ uint8 = _numpy.uint8
 int32 = _numpy.int32
 int64 = _numpy.int64
 bool_ = _numpy.bool_
+bool = _numpy.bool_  # noqa: A001 - NumPy 2's and the Array API's name (np.bool is np.bool_)
 dtype = _numpy.dtype
 
 pi = _math.pi

@@ -13,7 +13,10 @@ The protocol (every method returns a value; ``x``, ``y`` are values):
 ``neg abs sign``                   -x, \\|x\\|, sign (NaN stays NaN; same dtype)
 ``floor ceil round``               round toward -inf / +inf / half to even (ints: identity)
 ``exp log log1p expm1 sqrt``       float math; integer and bool operands compute in float32
-``tanh sin cos erf``               (the registry's convention for transcendentals)
+``tanh sin cos erf tan``           (the registry's convention for transcendentals)
+``asin acos atan sinh cosh``
+``asinh acosh atanh``
+``atan2(y, x) hypot copysign``     float functions of two operands (integers: float32)
 ``add sub mul``                    NumPy promotion between typed operands; integers wrap
 ``div``                            true division (integers divide in float32)
 ``floordiv mod``                   floored (Python/NumPy) semantics; integer x // 0 and x % 0
@@ -255,6 +258,51 @@ class ScalarBuilder:
     def erf(self, x):
         return self._math("erf", x)
 
+    # inverse trigonometric and hyperbolic functions (each one libm call on LLVM and CUDA)
+    def tan(self, x):
+        return self._math("tan", x)
+
+    def asin(self, x):
+        return self._math("asin", x)
+
+    def acos(self, x):
+        return self._math("acos", x)
+
+    def atan(self, x):
+        return self._math("atan", x)
+
+    def sinh(self, x):
+        return self._math("sinh", x)
+
+    def cosh(self, x):
+        return self._math("cosh", x)
+
+    def asinh(self, x):
+        return self._math("asinh", x)
+
+    def acosh(self, x):
+        return self._math("acosh", x)
+
+    def atanh(self, x):
+        return self._math("atanh", x)
+
+    def _fbin(self, name, x, y):
+        """A float function of two operands: integers and bools compute in float32."""
+        xv, yv, dt = self._unify(x, y)
+        if not is_float(dt):
+            xv, yv = self._cast(xv, dt, "float32"), self._cast(yv, dt, "float32")
+            dt = "float32"
+        return Typed(self._binary(name, xv, yv, dt), dt)
+
+    def atan2(self, y, x):
+        return self._fbin("atan2", y, x)
+
+    def hypot(self, x, y):
+        return self._fbin("hypot", x, y)
+
+    def copysign(self, x, y):
+        return self._fbin("copysign", x, y)
+
     def _bin(self, name, x, y):
         xv, yv, dt = self._unify(x, y)
         return Typed(self._binary(name, xv, yv, dt), dt)
@@ -269,11 +317,7 @@ class ScalarBuilder:
         return self._bin("mul", x, y)
 
     def div(self, x, y):
-        xv, yv, dt = self._unify(x, y)
-        if not is_float(dt):
-            xv, yv = self._cast(xv, dt, "float32"), self._cast(yv, dt, "float32")
-            dt = "float32"
-        return Typed(self._binary("div", xv, yv, dt), dt)
+        return self._fbin("div", x, y)
 
     def floordiv(self, x, y):
         return self._bin("floordiv", x, y)
@@ -414,10 +458,13 @@ def _erf_np(x):
 _NP_UNARY = {"neg": np.negative, "abs": np.abs, "sign": np.sign, "floor": np.floor,
              "ceil": np.ceil, "round": np.round, "exp": np.exp, "log": np.log,
              "log1p": np.log1p, "expm1": np.expm1, "sqrt": np.sqrt, "tanh": np.tanh,
-             "sin": np.sin, "cos": np.cos, "erf": _erf_np}
+             "sin": np.sin, "cos": np.cos, "erf": _erf_np, "tan": np.tan,
+             "asin": np.arcsin, "acos": np.arccos, "atan": np.arctan, "sinh": np.sinh,
+             "cosh": np.cosh, "asinh": np.arcsinh, "acosh": np.arccosh, "atanh": np.arctanh}
 _NP_BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.true_divide,
               "floordiv": np.floor_divide, "mod": np.mod, "pow": np.power,
-              "max": np.maximum, "min": np.minimum, "bitxor": np.bitwise_xor}
+              "max": np.maximum, "min": np.minimum, "bitxor": np.bitwise_xor,
+              "atan2": np.arctan2, "hypot": np.hypot, "copysign": np.copysign}
 _NP_CMP = {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal,
            "gt": np.greater, "ge": np.greater_equal}
 _NP_LOGICAL = {"and": np.logical_and, "or": np.logical_or, "xor": np.logical_xor}

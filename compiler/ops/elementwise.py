@@ -85,6 +85,38 @@ _unary("tanh", lambda xp, x: xp.tanh(x), lambda b, x: b.tanh(x),
        lambda F, i, out, g: (F.mul(g, F.sub(1.0, F.mul(out, out))),), float_out=True)
 
 
+# Inverse trigonometric and hyperbolic functions: libm's names (the Array API's too); the
+# front end adds NumPy's arc* spellings (hybrid/numpy_ops.py). Each lowers to one libm call.
+def _one_minus_sq(F, x):
+    return F.sub(1.0, F.square(x))
+
+
+_unary("tan", lambda xp, x: xp.tan(x), lambda b, x: b.tan(x),
+       lambda F, i, out, g: (F.mul(g, F.add(F.square(out), 1.0)),), float_out=True)
+_unary("asin", lambda xp, x: xp.arcsin(x), lambda b, x: b.asin(x),
+       lambda F, i, out, g: (F.mul(g, F.rsqrt(_one_minus_sq(F, i[0]))),), float_out=True,
+       doc="inverse sine (NaN outside [-1, 1])")
+_unary("acos", lambda xp, x: xp.arccos(x), lambda b, x: b.acos(x),
+       lambda F, i, out, g: (F.neg(F.mul(g, F.rsqrt(_one_minus_sq(F, i[0])))),),
+       float_out=True, doc="inverse cosine (NaN outside [-1, 1])")
+_unary("atan", lambda xp, x: xp.arctan(x), lambda b, x: b.atan(x),
+       lambda F, i, out, g: (F.div(g, F.add(F.square(i[0]), 1.0)),), float_out=True,
+       doc="inverse tangent")
+_unary("sinh", lambda xp, x: xp.sinh(x), lambda b, x: b.sinh(x),
+       lambda F, i, out, g: (F.mul(g, F.cosh(i[0])),), float_out=True)
+_unary("cosh", lambda xp, x: xp.cosh(x), lambda b, x: b.cosh(x),
+       lambda F, i, out, g: (F.mul(g, F.sinh(i[0])),), float_out=True)
+_unary("asinh", lambda xp, x: xp.arcsinh(x), lambda b, x: b.asinh(x),
+       lambda F, i, out, g: (F.mul(g, F.rsqrt(F.add(F.square(i[0]), 1.0))),), float_out=True,
+       doc="inverse hyperbolic sine")
+_unary("acosh", lambda xp, x: xp.arccosh(x), lambda b, x: b.acosh(x),
+       lambda F, i, out, g: (F.mul(g, F.rsqrt(F.sub(F.square(i[0]), 1.0))),), float_out=True,
+       doc="inverse hyperbolic cosine (NaN below 1)")
+_unary("atanh", lambda xp, x: xp.arctanh(x), lambda b, x: b.atanh(x),
+       lambda F, i, out, g: (F.div(g, _one_minus_sq(F, i[0])),), float_out=True,
+       doc="inverse hyperbolic tangent (+-inf at +-1, NaN beyond)")
+
+
 def _sigmoid_impl(xp, x):
     # exp of a non-positive number only: no overflow warnings, exact at both tails
     e = xp.exp(-xp.abs(x))
@@ -228,6 +260,49 @@ def _pow_grad(F, i, out, g):
 
 _binary("pow", lambda xp, x, y: xp.power(x, y), lambda b, x, y: b.pow(x, y), _pow_grad,
         doc="x ** y")
+
+
+def _float_binary(impl):
+    """Integer operands compute in float32, the type rule's result (NumPy would pick float16
+    for 8-bit integers and float64 for the rest)."""
+    def run(xp, x, y):
+        x, y = (v.astype("float32") if hasattr(v, "dtype") and v.dtype.kind in "biu" else v
+                for v in (x, y))
+        return impl(xp, x, y)
+    return run
+
+
+def _square_of(F, v):
+    # a Python scalar squares in Python: as an op it would be an int64 or float32 array,
+    # which would promote the gradient (an int64 array makes float32 gradients float64)
+    return float(v) * float(v) if is_scalar(v) else F.square(v)
+
+
+def _atan2_grad(F, i, out, g):
+    y, x = i  # atan2(y, x): the angle of the point (x, y)
+    r2 = F.add(_square_of(F, x), _square_of(F, y))
+    return _grads2(F, i, F.div(F.mul(g, x), r2), F.neg(F.div(F.mul(g, y), r2)))
+
+
+def _copysign_grad(F, i, out, g):
+    x, y = i  # |x| with y's sign: d/dx is sign(x) * (+-1 by y's sign bit), d/dy is 0
+    if is_scalar(x):
+        return (None, None)
+    side = math.copysign(1.0, y) if is_scalar(y) else F.copysign(1.0, y)
+    return _grads2(F, i, F.mul(g, F.mul(F.sign(x), side)), None)
+
+
+_binary("atan2", _float_binary(lambda xp, y, x: xp.arctan2(y, x)),
+        lambda b, y, x: b.atan2(y, x), _atan2_grad, float_out=True,
+        doc="the angle of the point (x, y): atan2(y, x), in [-pi, pi]")
+_binary("hypot", _float_binary(lambda xp, x, y: xp.hypot(x, y)),
+        lambda b, x, y: b.hypot(x, y),
+        lambda F, i, out, g: _grads2(F, i, F.mul(g, F.div(i[0], out)),
+                                     F.mul(g, F.div(i[1], out))),
+        float_out=True, doc="sqrt(x**2 + y**2) without overflow or underflow on the way")
+_binary("copysign", _float_binary(lambda xp, x, y: xp.copysign(x, y)),
+        lambda b, x, y: b.copysign(x, y), _copysign_grad, float_out=True,
+        doc="|x| with the sign (bit) of y")
 
 
 def _minmax_grad(cmp):

@@ -147,7 +147,9 @@ def _fsuffix(dt: str) -> str:
 
 _F_UNARY = {"abs": "fabs", "floor": "floor", "ceil": "ceil", "round": "rint", "sqrt": "sqrt",
             "exp": "exp", "log": "log", "log1p": "log1p", "expm1": "expm1", "tanh": "tanh",
-            "sin": "sin", "cos": "cos", "erf": "erf"}
+            "sin": "sin", "cos": "cos", "erf": "erf", "tan": "tan", "asin": "asin",
+            "acos": "acos", "atan": "atan", "sinh": "sinh", "cosh": "cosh", "asinh": "asinh",
+            "acosh": "acosh", "atanh": "atanh"}
 _CMP = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 _ARITH = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 
@@ -223,6 +225,8 @@ class CudaScalarBuilder(ScalarBuilder):
                 return self._half(dt, f"pow{_fsuffix(dt)}({x}, {y})")
             if name in ("floordiv", "mod"):
                 return self._half(dt, f"hyb_{name}({x}, {y})")
+            if name in ("atan2", "hypot", "copysign"):
+                return self._half(dt, f"{name}{_fsuffix(dt)}({x}, {y})")
             raise KernelIRError(f"the CUDA backend has no {name} for {dt}")
         ct = REG_CTYPES[dt]
         if name in ("add", "sub", "mul"):

@@ -53,6 +53,11 @@ def f32(value: float) -> float:
     return struct.unpack("f", struct.pack("f", value))[0]
 
 
+# float math with no vectorizable version here: libm's scalar calls at every float width
+LIBM_ONLY = frozenset(("tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh",
+                       "atanh"))
+
+
 class Intrinsics:
     """Declarations of intrinsics and libm functions in one module."""
 
@@ -190,7 +195,7 @@ class LLVMScalarBuilder(ScalarBuilder):
             r = self._float_math(name, b.fpext(v, F32), "float32")
             return b.fptrunc(r, F16)
         if dt == "float32":
-            if name in ("log1p", "expm1"):  # NumPy's float32 loops call libm here too
+            if name in ("log1p", "expm1") or name in LIBM_ONLY:  # NumPy calls libm too
                 return b.call(self.intr.libm(name + "f", F32), [v])
             return getattr(self.m, name)(v)
         if name in ("exp", "log", "sin", "cos"):
@@ -216,6 +221,14 @@ class LLVMScalarBuilder(ScalarBuilder):
                 return b.call(self.intr.binary("pow", x.type), [x, y])
             if name in ("floordiv", "mod"):
                 return self._float_divmod(name, x, y)
+            if name == "copysign":
+                return b.call(self.intr.binary("copysign", x.type), [x, y])
+            if name in ("atan2", "hypot"):  # libm: scalar calls (they do not vectorize)
+                if dt == "float16":
+                    return b.fptrunc(self._binary(name, b.fpext(x, F32), b.fpext(y, F32),
+                                                  "float32"), F16)
+                fn = name + ("f" if dt == "float32" else "")
+                return b.call(self.intr.get(fn, x.type, [x.type, x.type]), [x, y])
             raise KernelIRError(f"the LLVM backend has no {name} for {dt}")
         signed = dt in SIGNED
         if name == "add":
