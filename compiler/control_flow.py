@@ -31,8 +31,14 @@ def _zeros(xp, shape, dtype):
     return xp.zeros(tuple(shape), dtype=dtype)
 
 
+def _host(xp, v):
+    """A 0-d (or one-element) value on the host: a GPU's is copied back (a sync point, as
+    a Python ``if`` on a CUDA tensor is in PyTorch)."""
+    return np.asarray(v.get() if hasattr(v, "get") else v).reshape(())
+
+
 def _truth(xp, v) -> bool:
-    return bool(np.asarray(v.get() if hasattr(v, "get") else v).reshape(()))
+    return bool(_host(xp, v))
 
 
 def run_control(xp, op, args, attrs, run_body, wanted=None):
@@ -52,8 +58,7 @@ def run_control(xp, op, args, attrs, run_body, wanted=None):
 def _run_foreach(xp, args, attrs, run_body, wanted):
     body, nd, ns = attrs["body"], attrs["n_data"], attrs["n_states"]
     args = list(args)
-    count = int(np.asarray(args.pop(0).get() if hasattr(args[0], "get") else args[0])) \
-        if attrs.get("counted") else None
+    count = int(_host(xp, args.pop(0))) if attrs.get("counted") else None
     seqs, states, caps = args[:nd], list(args[nd:nd + ns]), args[nd + ns:]
     steps = seqs[0].shape[0]
     n = steps if count is None else max(0, min(count, steps))
@@ -132,7 +137,9 @@ def compile_control(graph: Graph, backend: str, device, compile_body) -> Executa
     d = graph.node(node)
     op, attrs = d["op"], d["attrs"]
     bodies = {k: compile_body(v.graph) for k, v in attrs.items() if isinstance(v, Body)}
-    runs = {k: exe.run for k, exe in bodies.items()}
+    # a body holding control flow itself is parts: run in order within the loop's step
+    runs = {k: exe.run if isinstance(exe, Executable) else exe.run_in_order
+            for k, exe in bodies.items()}
     sources = []  # per operand: ("input", i) / ("param", i) / ("const", array)
     for a in graph.arg_ids(node):
         kind = graph.op(a)

@@ -5,6 +5,7 @@ import networkx as nx
 
 from .graph import SOURCE_OPS, Graph, GraphError, NodeRef
 from .ops import REGISTRY, OpError, infer_types
+from .ops.control import TUPLE_SPEC
 
 
 def verify(graph: Graph, where: str = "") -> None:
@@ -29,7 +30,25 @@ def verify(graph: Graph, where: str = "") -> None:
         args = graph.args(n)
         if any(a is None for a in args):
             raise GraphError(f"%{n} ({op}) has a gap in its argument positions{ctx}")
+        if op == "nth":  # typed by the control node it reads
+            src = graph.arg_ids(n)
+            results = g.nodes[src[0]].get("results") if len(src) == 1 else None
+            k = d["attrs"].get("index")
+            if results is None or type(k) is not int or not 0 <= k < len(results) or \
+                    results[k] != d["spec"]:
+                raise GraphError(f"%{n} (nth) does not read result {k!r} of a control-flow "
+                                 f"node with its type{ctx}")
+            continue
         specs = [graph.spec(a.id) if isinstance(a, NodeRef) else a for a in args]
+        if REGISTRY[op].kind == "control":
+            try:
+                out = infer_types(op, specs, d["attrs"])
+            except OpError as exc:
+                raise GraphError(f"%{n} ({op}) fails its type rule{ctx}: {exc}") from None
+            if tuple(out) != tuple(d.get("results") or ()) or d["spec"] != TUPLE_SPEC:
+                raise GraphError(f"%{n} ({op}) is typed {d.get('results')} but its rule "
+                                 f"gives {list(map(str, out))}{ctx}")
+            continue
         try:
             out = infer_types(op, specs, d["attrs"])
         except OpError as exc:

@@ -85,8 +85,8 @@ def foreach(body, data, init_states):
         outs, out_single = _as_list(out)
         steps.append(outs)
     if not steps:  # zero steps: the outputs' shapes are unknown without running the body
-        outs = _empty_outputs(body, seqs, data_single, states, states_single)
-        return _restore(outs, out_single if outs else False), _restore(states, states_single)
+        outs, out_single = _empty_outputs(body, seqs, data_single, states, states_single)
+        return _restore(outs, out_single) if outs else [], _restore(states, states_single)
     stacked = [stack([s[k] for s in steps]) for k in range(len(steps[0]))]
     return _restore(stacked, out_single), _restore(states, states_single)
 
@@ -96,11 +96,11 @@ def _empty_outputs(body, seqs, data_single, states, states_single):
     traced (never run) step, as a graph would know them."""
     from .control_trace import output_specs  # noqa: PLC0415
     step = [zeros(s.shape[1:], dtype=s.dtype, device=s.device) for s in seqs]
-    specs = output_specs(lambda *a: body(_restore(list(a[:len(step)]), data_single),
-                                         _restore(list(a[len(step):]), states_single))[0],
-                         step + list(states))
+    specs, single = output_specs(
+        lambda *a: body(_restore(list(a[:len(step)]), data_single),
+                        _restore(list(a[len(step):]), states_single))[0], step + list(states))
     return [zeros((0,) + tuple(shape), dtype=dtype, device=seqs[0].device)
-            for shape, dtype in specs]
+            for shape, dtype in specs], single
 
 
 def while_loop(cond, func, loop_vars, max_iterations=None):
@@ -133,10 +133,10 @@ def while_loop(cond, func, loop_vars, max_iterations=None):
         steps.append(outs)
     if not steps:
         from .control_trace import output_specs  # noqa: PLC0415
-        specs = output_specs(lambda *a: func(*a)[0], lvars)
+        specs, out_single = output_specs(lambda *a: func(*a)[0], lvars)
         dev = lvars[0].device if lvars else None
         outs = [zeros((max_iterations,) + tuple(s), dtype=d, device=dev) for s, d in specs]
-        return _restore(outs, False) if outs else [], _restore(lvars, single)
+        return _restore(outs, out_single) if outs else [], _restore(lvars, single)
     outs = []
     for k in range(len(steps[0])):
         rows = stack([s[k] for s in steps])

@@ -25,23 +25,22 @@ class SubTrace(Trace):
         super().__init__(name, parent.device, parent.param_names)
         self.parent = parent
         self.captured: list = []  # the enclosing trace's Tracers, one per captured input
-        self._lifted: dict = {}  # (id(trace), node) -> this body's input node
+        self._lifted: dict = {}  # the enclosing trace's node -> this body's input node
 
     def foreign(self, t: Tracer) -> int:
         """A value of an enclosing trace read by this body: an input of the body."""
-        key = (id(t._trace), t._nid)
-        nid = self._lifted.get(key)
+        if t._trace is self.parent:
+            outer = t
+        elif isinstance(self.parent, SubTrace) and _encloses(self.parent, t._trace):
+            outer = _tracer(self.parent, self.parent.foreign(t), t)  # through each level
+        else:
+            return super().foreign(t)
+        nid = self._lifted.get(outer._nid)
         if nid is None:
-            if t._trace is self.parent:
-                outer = t
-            elif isinstance(self.parent, SubTrace) and _encloses(self.parent, t._trace):
-                outer = _tracer(self.parent, self.parent.foreign(t), t)
-            else:
-                return super().foreign(t)
             nid = self.graph.add_input(_spec(t), f"captured{len(self.captured)}",
                                        str(t.device))
             self.captured.append(outer)
-            self._lifted[key] = nid
+            self._lifted[outer._nid] = nid
         return nid
 
     def param(self, param, device):
@@ -109,12 +108,9 @@ def _seal(sub: SubTrace, n_explicit: int, outputs: list, captured: list):
     of what all bodies of the node capture, in one order), outputs ``outputs``."""
     g = sub.graph
     explicit = g.inputs[:n_explicit]
-    mine = {(id(t._trace), t._nid): sub._lifted[(id(t._trace), t._nid)]
-            for t in sub.captured}
     cap_nodes = []
     for i, t in enumerate(captured):
-        key = (id(t._trace), t._nid)
-        nid = mine.get(key)
+        nid = sub._lifted.get(t._nid)
         if nid is None:  # another body's capture: an unused input here
             nid = g.add_input(_spec(t), f"unused{i}", str(t.device))
         cap_nodes.append(nid)
@@ -127,10 +123,9 @@ def _seal(sub: SubTrace, n_explicit: int, outputs: list, captured: list):
 def _union(*subs) -> list:
     seen, out = set(), []
     for s in subs:
-        for t in s.captured:
-            key = (id(t._trace), t._nid)
-            if key not in seen:
-                seen.add(key)
+        for t in s.captured:  # Tracers of the one enclosing trace
+            if t._nid not in seen:
+                seen.add(t._nid)
                 out.append(t)
     return out
 
@@ -277,9 +272,9 @@ def trace_cond(pred, then_func, else_func, operands):
     return _restore(res, shape["then"])
 
 
-def output_specs(fn, args) -> list:
-    """(shape, dtype) of what ``fn(*args)`` returns, traced, never run (the outputs of a
-    zero-step eager loop)."""
+def output_specs(fn, args):
+    """([(shape, dtype)], whether one array rather than a list) of what ``fn(*args)``
+    returns, traced, never run (the outputs of a zero-step eager loop)."""
     from .tracing import suspended  # noqa: PLC0415
 
     with suspended():
@@ -292,5 +287,5 @@ def output_specs(fn, args) -> list:
             out = fn(*ins)
         finally:
             loc.trace = None
-    outs, _ = _as_list(out)
-    return [(tuple(o.shape), o.dtype) for o in outs]
+    outs, single = _as_list(out)
+    return [(tuple(o.shape), o.dtype) for o in outs], single

@@ -50,3 +50,22 @@ class PartitionedExecutable:
     out_specs: list
     device: Any
     report: dict = dataclasses.field(default_factory=dict)
+
+    def run_in_order(self, xp, inputs, params):
+        """Every part in this thread, in order: how a control-flow body made of parts runs
+        each step (the loop is one engine op already). The parts share one device here."""
+        done = []
+
+        def value(ref):
+            kind = ref[0]
+            if kind == "part":
+                return done[ref[1]][ref[2]]
+            if kind == "input":
+                return inputs[ref[1]]
+            if kind == "param":
+                return params[ref[1]]
+            return xp.asarray(ref[1])
+        for part in self.parts:
+            done.append(part.exe.run(xp, [value(r) for r in part.inputs],
+                                     [value(r) for r in part.params]))
+        return [value(r) for r in self.outputs]
