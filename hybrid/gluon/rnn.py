@@ -1,18 +1,28 @@
-"""``gluon.rnn``: Gluon's recurrent layers (``RNN``, ``LSTM``, ``GRU`` and their cells).
-
-Not in hybrid yet: they come with the recurrent-networks work (issue 22), which fills this
-module. Until then it imports, so the book's import lines run, and asking it for a layer
-raises an AttributeError that says what to write instead, never a stand-in layer.
+"""``gluon.rnn`` (the book's ``from mxnet.gluon import rnn``): the recurrent layers ``RNN``,
+``LSTM``, ``GRU`` and the cells ``RNNCell``, ``LSTMCell``, ``GRUCell``,
+``SequentialRNNCell``. The same classes as hybrid.nn.rnn_layers / hybrid.nn.rnn_cells,
+never copies; their module docstrings write down the equations and gate orders.
 """
+from ..nn.rnn_cells import (
+    GRUCell,
+    HybridRecurrentCell,
+    HybridSequentialRNNCell,
+    LSTMCell,
+    RecurrentCell,
+    RNNCell,
+    SequentialRNNCell,
+)
+from ..nn.rnn_layers import GRU, LSTM, RNN
 
-__all__: list = []
-
-
-def __getattr__(name):
-    if name.startswith("__"):
-        raise AttributeError(name)
-    raise AttributeError(
-        f"gluon.rnn.{name} is not available in hybrid yet: the recurrent layers (RNN, LSTM, "
-        "GRU and their cells) are still to come. Write the recurrence from scratch as the "
-        "book's 'from scratch' sections do: a loop over time steps with np.dot, np.tanh and "
-        "npx.sigmoid on parameters you create (gluon.Parameter, or nn.Dense layers)")
+__all__ = [
+    "GRU",
+    "LSTM",
+    "RNN",
+    "GRUCell",
+    "HybridRecurrentCell",
+    "HybridSequentialRNNCell",
+    "LSTMCell",
+    "RNNCell",
+    "RecurrentCell",
+    "SequentialRNNCell",
+]
