@@ -65,8 +65,10 @@ def logaddexp(F, x, y):
     x, y = (F.cast(v, dtype="float32") if hasattr(v, "shape") and _dt(v) not in FLOAT_DTYPES
             else v for v in (x, y))
     m = F.maximum(x, y)
-    r = F.add(m, F.log1p(F.exp(F.neg(F.abs(F.sub(x, y))))))
-    return F.where(F.eq(x, y), F.add(m, _LN2), r)
+    same = F.eq(x, y)
+    d = F.sub(F.where(same, 0.0, x), F.where(same, 0.0, y))  # never inf - inf
+    r = F.add(m, F.log1p(F.exp(F.neg(F.abs(d)))))
+    return F.where(same, F.add(m, _LN2), r)
 
 
 def trunc(F, x):
@@ -111,7 +113,9 @@ def fmod(F, x, y):
 
 def isclose(F, a, b, rtol=1e-5, atol=1e-8, equal_nan=False):
     """NumPy's isclose: |a - b| <= atol + rtol * |b|; infinities close only to themselves."""
-    close = F.le(F.abs(F.sub(a, b)), F.add(F.mul(F.abs(b), rtol), atol))
+    same = F.eq(a, b)
+    d = F.sub(F.where(same, 0, a), F.where(same, 0, b))  # never inf - inf
+    close = F.le(F.abs(d), F.add(F.mul(F.abs(b), rtol), atol))
     out = F.logical_or(F.eq(a, b), F.logical_and(close, F.logical_and(isfinite(F, a),
                                                                        isfinite(F, b))))
     if equal_nan:
@@ -325,7 +329,11 @@ def _pad_widths(pad_width, nd):
             pw = (tuple(pw),) if len(pw) == 2 else ((int(pw[0]), int(pw[0])),)
         if len(pw) == 1:
             pw = pw * nd
-    pw = tuple((int(b), int(a)) for b, a in pw)
+    pairs = []
+    for p in pw:
+        p = (p, p) if isinstance(p, numbers.Integral) else tuple(p)
+        pairs.append((int(p[0]), int(p[-1])) if len(p) in (1, 2) else (-1, -1))
+    pw = tuple(pairs)
     if len(pw) != nd or any(b < 0 or a < 0 for b, a in pw):
         raise ValueError(f"pad: pad_width {pad_width!r} must give non-negative (before, after) "
                          f"widths for each of the {nd} axes")
