@@ -366,6 +366,40 @@ class NDArray:
     def zeros_like(self): return zeros_like(self)
     def ones_like(self): return ones_like(self)
 
+    # NumPy's and the Array API's methods over hybrid/numpy_ops.py (which imports this module)
+    def sort(self, axis=-1, kind=None, order=None):
+        """Sort in place, as NumPy's ``ndarray.sort`` (``hb.sort`` returns a sorted copy)."""
+        from .numpy_ops import sort  # noqa: PLC0415
+        self._rebind(sort(self, axis, kind, order))
+
+    def argsort(self, axis=-1, kind=None, order=None):
+        from .numpy_ops import argsort  # noqa: PLC0415
+        return argsort(self, axis, kind, order)
+
+    def cumprod(self, axis=None, dtype=None):
+        from .numpy_ops import cumprod  # noqa: PLC0415
+        return cumprod(self, axis, dtype)
+
+    def diagonal(self, offset=0, axis1=0, axis2=1):
+        from .numpy_ops import diagonal  # noqa: PLC0415
+        return diagonal(self, offset, axis1, axis2)
+
+    def trace(self, offset=0, axis1=0, axis2=1, dtype=None):
+        from .numpy_ops import trace  # noqa: PLC0415
+        return trace(self, offset, axis1, axis2, dtype)
+
+    @property
+    def mT(self):  # noqa: N802 - NumPy 2's and the Array API's name
+        from .numpy_ops import matrix_transpose  # noqa: PLC0415
+        return matrix_transpose(self)
+
+    def to_device(self, device, /, *, stream=None):
+        return self.to(device)
+
+    def __array_namespace__(self, *, api_version=None):
+        from . import array_api  # noqa: PLC0415
+        return array_api
+
 
 def _fmt(where):
     return f"{where[0]}:{where[1]}" if where else "?"
