@@ -45,12 +45,12 @@ ARRAY_API_ALIASES = {"asin": "arcsin", "acos": "arccos", "atan": "arctan", "atan
                      "concat": "concatenate"}
 NEW_NAMES = (  # noqa: SIM905 - a word list reads better than 60 quoted names
     "arcsin arccos arctan arctan2 tan sinh cosh arcsinh arccosh arctanh hypot copysign "
-             "log2 log10 exp2 logaddexp trunc isnan isinf isfinite signbit fmod flip fliplr "
-             "flipud roll moveaxis tril triu diag diagonal trace diff pad meshgrid "
-             "broadcast_arrays unstack cumsum cumulative_sum cumprod cumulative_prod sort "
-             "argsort take_along_axis searchsorted outer tensordot vecdot einsum can_cast "
-             "isdtype finfo iinfo result_type permute_dims matrix_transpose astype "
-             "count_nonzero isclose allclose all any pow remainder reciprocal").split()
+    "log2 log10 exp2 logaddexp trunc isnan isinf isfinite signbit fmod flip fliplr "
+    "flipud roll moveaxis tril triu diag diagonal trace diff pad meshgrid "
+    "broadcast_arrays unstack cumsum cumulative_sum cumprod cumulative_prod sort "
+    "argsort take_along_axis searchsorted outer tensordot vecdot einsum can_cast "
+    "isdtype finfo iinfo result_type permute_dims matrix_transpose astype "
+    "count_nonzero isclose allclose all any pow remainder reciprocal").split()
 
 
 def test_array_api_names_are_numpys_functions():
@@ -504,3 +504,30 @@ def test_sort_rows_are_quadratic_but_correct_at_a_few_hundred():
     x = arr((2, 300))
     close(hb.sort(H(x), axis=1), numpy.sort(x, axis=1))
     assert math.isfinite(float(hb.argsort(H(x[0]))[0]))
+
+
+# =============================================================== methods, the namespace
+def test_ndarray_methods():
+    x = arr((3, 4))
+    a = H(x)
+    close(a.argsort(axis=0), numpy.argsort(x, axis=0, kind="stable"))
+    close(a.cumprod(1), numpy.cumprod(x, 1))
+    close(a.diagonal(1), x.diagonal(1))
+    close(a.trace(), x.trace())
+    close(a.mT, x.mT)
+    assert a.to_device(a.device) is a
+    a.sort(axis=1)  # in place, as NumPy's
+    close(a, numpy.sort(x, axis=1))
+
+
+def test_array_namespace_follows_the_standards_defaults():
+    xp = H(arr((2,))).__array_namespace__()
+    assert xp.__name__ == "hybrid.array_api" and xp.__array_api_version__ == "2023.12"
+    assert xp.arange(5).dtype == xp.int64 and xp.arange(0.5, 3).dtype == xp.float32
+    assert xp.asarray([1, 2]).dtype == xp.int64 and xp.asarray(True).dtype == xp.bool
+    assert xp.full((2,), 3).dtype == xp.int64
+    assert xp.sum(xp.asarray([1, 2]), dtype=xp.float64).dtype == xp.float64
+    close(xp.var(xp.asarray([1.0, 2.0, 4.0]), correction=1), numpy.var([1, 2, 4], ddof=1))
+    assert xp.asin is hb.arcsin and xp.concat is hb.concatenate
+    assert set(xp.__array_namespace_info__().dtypes(kind="integral")) == {
+        "int8", "uint8", "int32", "int64"}
