@@ -3,7 +3,8 @@
 Hypothesis draws small HybridBlocks from a grammar of layers and operations, side effects
 included: random draws, Dropout, BatchNorm (training and predict), in-place writes to the
 input and to intermediates, scalar arguments of mixed types and signs, nested and shared
-blocks, a child added after the first call, deferred shapes. Each program runs eagerly and
+blocks, a child added after the first call, deferred shapes, control flow (npx.foreach with a
+Dense in its body, npx.cond, npx.while_loop). Each program runs eagerly and
 hybridized (on the backend the draw picks) from the same seed, and everything a user can
 observe is compared after every call: outputs, gradients, parameters and running statistics,
 the caller's input array, and the random stream afterwards. Predict-only programs without
@@ -68,6 +69,11 @@ def _steps(depth):
         st.tuples(st.just("write_input"), st.sampled_from(["all", "iadd", "rows"])),
         st.tuples(st.just("write_inter"), st.sampled_from(["iadd", "cols"])),
         st.tuples(st.just("shared")),
+        # control flow (issue 22): a scan over the batch's rows carrying a state through a
+        # Dense, a data-dependent branch, a loop whose step count depends on the values
+        st.tuples(st.just("scan"), st.sampled_from(["tanh", "dense"])),
+        st.tuples(st.just("branch"), st.sampled_from([0.0, 1.0, -2.0])),
+        st.tuples(st.just("loop"), st.sampled_from([0.5, 3.0, 50.0])),
     )
     if depth == 0:
         return leaf
@@ -108,6 +114,8 @@ class _Steps(nn.HybridBlock):
                 self.register_child(_Steps(step[1], shared), f"c{k}")
             elif kind == "shared":
                 self.register_child(shared, f"c{k}")  # one block under several names
+            elif kind == "scan" and step[1] == "dense":
+                self.register_child(nn.Dense(3, in_units=3), f"c{k}")
             self._ops.append(step)
 
     def forward(self, h, x, c):
@@ -137,7 +145,27 @@ class _Steps(nn.HybridBlock):
             elif kind == "write_inter":
                 h = h * 1.0  # a fresh intermediate (h may be the input itself)
                 _write(h, step[1])
+            elif kind in ("scan", "branch", "loop"):
+                h = _control(kind, step[1], h, child, c)
         return h
+
+
+def _control(kind, arg, h, child, c):
+    npx = hb.npx
+    if kind == "scan":  # rows of h are the steps; the state a row of 3 (captures c)
+        def body(row, s):
+            pre = child(s.reshape((1, 3))).reshape((3,)) if child is not None else s
+            s2 = hb.tanh(pre + row * (1.0 if c is None else c))
+            return s2 * 2.0, s2
+        outs, _ = npx.foreach(body, _fit(h, 3), hb.zeros((3,), device=h.device))
+        return outs
+    if kind == "branch":  # which branch depends on the values, per call
+        return npx.cond(lambda a: a.sum() > arg, lambda a: a * 2.0, lambda a: hb.tanh(a) - 1,
+                        [h])
+    outs, (a,) = npx.while_loop(  # steps until the sum passes arg (at most 4)
+        lambda a: a.sum() < arg, lambda a: (a.sum(), [a + hb.sigmoid(a)]), [h],
+        max_iterations=4)
+    return a + outs.sum()
 
 
 def _binary(op, h, c):
