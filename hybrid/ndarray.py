@@ -24,6 +24,7 @@ from runtime.memory import Buffer
 
 from . import _state
 from ._where import user_frame
+from .eager_kernels import kernel_for as _kernel_for
 
 _DTYPES = {}
 
@@ -449,6 +450,8 @@ def _eager(name, args, attrs):
     key = [name]
     bufs = []
     reads = []
+    vals = []  # the operands' data: an op whose inputs are all computed may run right here
+    ready = True
     for a in args:
         if isinstance(a, NDArray):
             d = a.device
@@ -462,10 +465,15 @@ def _eager(name, args, attrs):
             b = a._buf
             bufs.append(b)
             reads.append(b.var)
+            data = b.data
+            if data is None:
+                ready = False
+            vals.append(data)
             key.append(a.shape)
             key.append(a._dtype)
         elif is_scalar(a):
             bufs.append(a)
+            vals.append(a)
             # Type rules see a scalar's kind only (weak typing); other kinds key on the value,
             # and so does an integer that does not fit every integer dtype (0..127 fit all):
             # whether it fits the array's dtype is checked at inference (check_int_fits).
@@ -498,11 +506,40 @@ def _eager(name, args, attrs):
         except OpError as exc:
             raise OpError(f"{exc} (at {_fmt(user_frame())})") from None
         specs = tuple(Spec(tuple(s.shape), s.dtype) for s in specs)
-        entry = (specs, _may_inline(op, args, specs), eager_kernel(name, specs))
+        kernel = eager_kernel(name, specs)
+        if akey is not None:  # a cached signature may get a compiled kernel (eager_kernels)
+            kernel = _kernel_for(name, args, attrs, specs, kernel)
+        entry = (specs, _may_inline(op, args, specs), kernel)
         if akey is not None:
             _INFER.put(key, entry)
     specs, small, kernel = entry
     xp = device.xp
+    out = None
+    if ready and small and device.kind == "cpu":
+        # The caller's path: a small op whose inputs are computed runs right here while its
+        # device is idle, without an engine op. Buffers are immutable and the outputs fresh,
+        # so no queued op can be ordered before or after it: the engine would run it in
+        # this thread anyway (its inline rule), at the cost of an op record, two lock round
+        # trips and the user's line. A failure takes the engine's path below, which reports
+        # it at the sync point with the op's name and line, as always.
+        eng = _engine_mod._engine
+        if eng is not None and eng.idle(device):
+            try:
+                res = kernel(xp, vals, attrs)
+            except Exception:  # noqa: BLE001 - re-run on the engine: it reports
+                res = None
+            if res is not None:
+                if len(specs) == 1:
+                    s = specs[0]
+                    out = NDArray(Buffer(res[0]), s.shape, s.dtype, device)
+                    if _local.recording:
+                        _record(name, args, attrs, [out])
+                    return out
+                outs = tuple(NDArray(Buffer(r), s.shape, s.dtype, device)
+                             for r, s in zip(res, specs))
+                if _local.recording:
+                    _record(name, args, attrs, list(outs))
+                return outs
     if len(specs) == 1:
         s = specs[0]
         out = NDArray(Buffer(), s.shape, s.dtype, device)
@@ -513,7 +550,6 @@ def _eager(name, args, attrs):
         outs = tuple(NDArray(Buffer(), s.shape, s.dtype, device) for s in specs)
         out_bufs = [o._buf for o in outs]
         writes = tuple(b.var for b in out_bufs)
-        out = None
         run = _partial(_run_many, kernel, xp, bufs, attrs, out_bufs)
 
     # The user's line, for the engine's error messages. Start above apply: _eager is entered
@@ -521,12 +557,16 @@ def _eager(name, args, attrs):
     _engine_mod.get_engine().push(run, tuple(reads), writes, device, name, user_frame(3),
                                   small)
     if _local.recording:
-        global _record_op
-        if _record_op is None:
-            from .autograd import record_op  # noqa: PLC0415 - autograd imports this module
-            _record_op = record_op
-        _record_op(name, args, attrs, [out] if out is not None else list(outs))
+        _record(name, args, attrs, [out] if out is not None else list(outs))
     return out if out is not None else outs
+
+
+def _record(name, args, attrs, outs):
+    global _record_op
+    if _record_op is None:
+        from .autograd import record_op  # noqa: PLC0415 - autograd imports this module
+        _record_op = record_op
+    _record_op(name, args, attrs, outs)
 
 
 def _transfer(x: NDArray, device: Device) -> NDArray:

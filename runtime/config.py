@@ -101,6 +101,10 @@ FLAGS = {f.name: f for f in [
          "Run a small op in the caller when its inputs are ready and its device is idle, and "
          "let each device measure whether its long compiled calls run faster in the caller "
          "or on the engine (hybrid/call_mode.py); 0: every op goes through the engine."),
+    Flag("HYBRID_EAGER_KERNELS", _bool, True,
+         "Eager convolutions, their gradients and pooling run a compiled single-op kernel "
+         "(LLVM, cached per signature in memory and on disk) from a signature's second call, "
+         "where NumPy is slower (hybrid/eager_kernels.py); 0: NumPy always."),
     Flag("HYBRID_SWITCH_INTERVAL", _seconds, 0.0002,
          "Python's thread switch interval while engine workers run (sys.setswitchinterval; "
          "never raised): a worker whose native call ends waits at most this long for the "

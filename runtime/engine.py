@@ -450,6 +450,18 @@ class Engine:
         """Calls of wait and wait_all so far: how often the front end syncs."""
         return self.sync_points
 
+    def idle(self, device) -> bool:
+        """Whether a small op may run in the caller now, outside the engine: inlining is on,
+        the engine usable and ``device`` has nothing queued or running (the rule ``push``
+        applies to an ``inline`` op with no pending dependency). Read without the lock: a
+        caller asks only for an op whose inputs are computed and whose outputs are fresh,
+        which no queued op can be ordered against, so a stale answer costs overlap, never
+        order."""
+        if not self.inline or self._broken:
+            return False
+        w = self._workers.get(device)
+        return w is None or (w.active == 0 and not w.queue)
+
     def wait_idle(self, timeout: float) -> bool:
         """Block until nothing is in flight (at most ``timeout`` s), like wait_all, but leave
         errors to the next sync point and never raise WaitTimeout: for callers that only want

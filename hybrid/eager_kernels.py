@@ -1,0 +1,109 @@
+"""Eager kernels from the compiler: an eager op whose NumPy implementation is slow runs a
+compiled single-op kernel from the same code generator as hybridized graphs.
+
+JAX runs every eager primitive as a compiled one-op program; here only the ops where that
+pays: convolutions and their two gradients, pooling and its gradient (NumPy's im2col +
+strided-window code spends more time moving windows than multiplying). Elementwise ops,
+reductions and matmul stay NumPy (one ufunc or BLAS call: nothing to gain).
+
+A signature (op, operand shapes and dtypes, attributes) is the eager front end's inference
+key, so the kernel lives in the same cache entry as the op's inferred types. Its first call
+runs NumPy (a one-off call, as in a test, never waits for a compile); its second builds a
+one-node graph, compiles it through ``compiler.pipeline.compile(graph, "llvm")`` (the native
+code cache makes that a disk hit in a later process) and runs the executable from then on.
+A compile that fails falls back to NumPy for good, logged on ``HYBRID_LOG=compile``.
+
+Measured (benchmarks/bench_kernels.py, LeNet's shapes at batch 256): the compiled conv2d and
+its gradients run several times faster than NumPy's; ``HYBRID_EAGER_KERNELS=0`` turns them
+off.
+"""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from runtime import config
+
+_log = config.logger("compile")
+_flag = config.get
+
+# the ops whose compiled kernel beats NumPy's implementation (benchmarks/bench_kernels.py)
+COMPILED_OPS = frozenset(("conv2d", "conv2d_grad_data", "conv2d_grad_weight", "pool2d",
+                          "pool2d_grad"))
+MIN_CALLS = 2  # a signature compiles on its call number MIN_CALLS; earlier calls run NumPy
+stats = {"compiles": 0, "native_calls": 0, "numpy_calls": 0, "failures": 0}
+
+
+def kernel_for(name, args, attrs, out_specs, fallback):
+    """The eager kernel ``run(xp, args, attrs)`` for this signature: ``fallback`` (NumPy)
+    unless ``name`` is one of COMPILED_OPS (HYBRID_EAGER_KERNELS is read at every call)."""
+    if name not in COMPILED_OPS:
+        return fallback
+    operands = []
+    for a in args:
+        shape = getattr(a, "shape", None)
+        if shape is None or not hasattr(a, "_dtype"):
+            return fallback  # a scalar operand: none of these ops takes one
+        operands.append((tuple(shape), a._dtype))
+    return CompiledKernel(name, operands, dict(attrs), out_specs, fallback)
+
+
+class CompiledKernel:
+    """One signature's kernel: NumPy for its first calls, then the compiled executable."""
+
+    __slots__ = ("name", "operands", "attrs", "out_specs", "fallback", "calls", "exe", "lock")
+
+    def __init__(self, name, operands, attrs, out_specs, fallback):
+        self.name = name
+        self.operands = operands
+        self.attrs = attrs
+        self.out_specs = out_specs
+        self.fallback = fallback
+        self.calls = 0
+        self.exe = None  # the Executable; False once a compile failed
+        self.lock = threading.Lock()
+
+    def __call__(self, xp, args, attrs):
+        exe = self.exe
+        if not _flag("HYBRID_EAGER_KERNELS"):
+            exe = None
+        elif exe is None and xp is np:
+            self.calls += 1
+            if self.calls >= MIN_CALLS:
+                exe = self.build()
+        if not exe or xp is not np:
+            stats["numpy_calls"] += 1
+            return self.fallback(xp, args, attrs)
+        stats["native_calls"] += 1
+        return tuple(exe.run(np, [np.ascontiguousarray(a) for a in args], []))
+
+    def build(self):
+        with self.lock:
+            if self.exe is None:
+                try:
+                    self.exe = compile_op(self.name, self.operands, self.attrs)
+                    stats["compiles"] += 1
+                except Exception as exc:  # noqa: BLE001 - NumPy still computes it
+                    stats["failures"] += 1
+                    _log.info("eager %s%s: no compiled kernel (%s: %s); NumPy runs it",
+                              self.name, self.operands, type(exc).__name__, exc)
+                    self.exe = False
+                else:
+                    specs = [tuple(s.shape) for s in self.exe.out_specs]
+                    if specs != [tuple(s.shape) for s in self.out_specs]:
+                        self.exe = False  # never a kernel that disagrees with inference
+        return self.exe
+
+
+def compile_op(name, operands, attrs):
+    """An LLVM executable for one op applied to fresh inputs of the given (shape, dtype)."""
+    from compiler import pipeline  # noqa: PLC0415 - the compiler loads on first use
+    from compiler.graph import Graph, NodeRef  # noqa: PLC0415
+    from compiler.ops import Spec  # noqa: PLC0415
+
+    g = Graph(f"eager_{name}")
+    ins = [NodeRef(g.add_input(Spec(shape, dtype), f"x{i}"))
+           for i, (shape, dtype) in enumerate(operands)]
+    g.outputs = [g.add_op(name, ins, attrs)]
+    return pipeline.compile(g, "llvm")
