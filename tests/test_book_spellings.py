@@ -355,12 +355,11 @@ def test_gluon_import_forms_of_the_book():
     assert sys.modules["hybrid.gluon.nn"] is hybrid.nn
 
 
-def test_gluon_rnn_imports_and_says_what_it_lacks():
+def test_gluon_rnn_is_the_recurrent_layers():
     from hybrid.gluon import rnn  # noqa: PLC0415
-    assert "issue 22" in rnn.__doc__
-    with pytest.raises(AttributeError, match="gluon.rnn.LSTM is not available.*from scratch"):
-        rnn.LSTM(32)
-    assert not hasattr(rnn, "GRU")
+    from hybrid.nn import rnn_cells, rnn_layers  # noqa: PLC0415
+    assert rnn.LSTM is rnn_layers.LSTM and rnn.GRU is rnn_layers.GRU
+    assert rnn.RNN is rnn_layers.RNN and rnn.LSTMCell is rnn_cells.LSTMCell
 
 
 def test_gluon_utils_split_and_load():
