@@ -372,6 +372,40 @@ def test_sequential_cell_unroll_equals_a_two_layer_layer():
     close(states[3].asnumpy(), new[1].asnumpy()[1])
 
 
+def test_bidirectional_cell_unroll_equals_the_bidirectional_layer():
+    layer, params = setup("gru", 4, 3, bidirectional=True)
+    cell = rnn.BidirectionalCell(rnn.GRUCell(4, input_size=3), rnn.GRUCell(4, input_size=3))
+    cell.initialize()
+    cell.load_dict({("l_cell." if k[0] == "l" else "r_cell.") + k[3:]: v
+                    for k, v in params.items()}, cast_dtype=True)
+    x = RNG.normal(size=(2, 5, 3))  # NTC, the cells' default layout
+    h0 = RNG.normal(size=(2, 2, 4))
+    want, new = layer(hb.array(x.swapaxes(0, 1)), [hb.array(h0)])
+    out, states = cell.unroll(5, hb.array(x), begin_state=[hb.array(h0[0]), hb.array(h0[1])])
+    close(out.asnumpy(), want.asnumpy().swapaxes(0, 1))
+    close(numpy.stack([s.asnumpy() for s in states]), new[0].asnumpy())
+    with pytest.raises(NotImplementedError, match="unroll"):
+        cell(hb.array(x[:, 0]), cell.begin_state(2))
+
+
+def test_residual_and_dropout_cells():
+    base = rnn.RNNCell(3, input_size=3)
+    stack = rnn.SequentialRNNCell()
+    stack.add(rnn.DropoutCell(0.5))
+    stack.add(rnn.ResidualCell(base))
+    stack.initialize()
+    p = randomize(base, "float32")
+    x, h = RNG.normal(size=(2, 3)), RNG.normal(size=(2, 3))
+    out, new = stack(hb.array(x), [hb.array(h)])  # predict: dropout is the identity
+    want = ref_step("rnn_tanh", x, h, h, p["i2h_weight"], p["h2h_weight"], p["i2h_bias"],
+                    p["h2h_bias"])[0]
+    close(out.asnumpy(), want + x, rtol=1e-5, atol=1e-6)
+    close(new[0].asnumpy(), want, rtol=1e-5, atol=1e-6)
+    with autograd.record():
+        dropped = stack(hb.array(x), [hb.array(h)])[0].asnumpy()
+    assert numpy.abs(dropped - want - x).max() > 1e-3
+
+
 def test_book_usage():
     """Chapter 9.6's concise RNN: begin_state(batch_size=, ctx=), the layer called with a
     list of states, a new list back."""

@@ -1,14 +1,18 @@
 """``gluon.rnn`` (the book's ``from mxnet.gluon import rnn``): the recurrent layers ``RNN``,
-``LSTM``, ``GRU`` and the cells ``RNNCell``, ``LSTMCell``, ``GRUCell``,
-``SequentialRNNCell``. The same classes as hybrid.nn.rnn_layers / hybrid.nn.rnn_cells,
-never copies; their module docstrings write down the equations and gate orders.
+``LSTM``, ``GRU`` and the cells ``RNNCell``, ``LSTMCell``, ``GRUCell``, ``SequentialRNNCell``,
+``BidirectionalCell``, ``DropoutCell``, ``ResidualCell``. The same classes as
+hybrid.nn.rnn_layers / hybrid.nn.rnn_cells, never copies; their module docstrings write down
+the equations and gate orders.
 """
 from ..nn.rnn_cells import (
+    BidirectionalCell,
+    DropoutCell,
     GRUCell,
     HybridRecurrentCell,
     HybridSequentialRNNCell,
     LSTMCell,
     RecurrentCell,
+    ResidualCell,
     RNNCell,
     SequentialRNNCell,
 )
@@ -18,11 +22,14 @@ __all__ = [
     "GRU",
     "LSTM",
     "RNN",
+    "BidirectionalCell",
+    "DropoutCell",
     "GRUCell",
     "HybridRecurrentCell",
     "HybridSequentialRNNCell",
     "LSTMCell",
     "RNNCell",
     "RecurrentCell",
+    "ResidualCell",
     "SequentialRNNCell",
 ]

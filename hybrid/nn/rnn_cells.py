@@ -27,18 +27,30 @@ from __future__ import annotations
 
 from .. import npx
 from ..control_flow import foreach
-from ..ndarray import NDArray, matmul, split, stack, swapaxes, transpose, zeros
+from ..ndarray import (
+    NDArray,
+    concatenate,
+    matmul,
+    split,
+    stack,
+    swapaxes,
+    transpose,
+    zeros,
+)
 from .block import HybridBlock
 from .layers import _dev, _float_input
 from .parameter import Parameter
 
 __all__ = [
+    "BidirectionalCell",
+    "DropoutCell",
     "GRUCell",
     "HybridRecurrentCell",
     "HybridSequentialRNNCell",
     "LSTMCell",
     "RNNCell",
     "RecurrentCell",
+    "ResidualCell",
     "SequentialRNNCell",
 ]
 
@@ -343,3 +355,92 @@ class SequentialRNNCell(RecurrentCell):
 
 
 HybridSequentialRNNCell = SequentialRNNCell  # MXNet's two names, one class here
+
+
+class DropoutCell(RecurrentCell):
+    """Dropout on each step's input while training (the identity otherwise); no states."""
+
+    def __init__(self, rate, axes=(), **kwargs):
+        super().__init__(**kwargs)
+        if not 0 <= rate < 1:
+            raise ValueError(f"DropoutCell: rate must be in [0, 1), got {rate}")
+        if axes:
+            raise ValueError("DropoutCell: axes (a mask shared along axes) is not supported")
+        self._rate = float(rate)
+
+    def state_info(self, batch_size=0):
+        return []
+
+    def forward(self, inputs, states):
+        return npx.dropout(inputs, p=self._rate), list(states)
+
+    def __repr__(self):
+        return f"DropoutCell(rate={self._rate})"
+
+
+class ResidualCell(RecurrentCell):
+    """``base_cell``'s step with its input added to its output (the sizes must agree)."""
+
+    def __init__(self, base_cell, **kwargs):
+        super().__init__(**kwargs)
+        self.base_cell = base_cell
+
+    def state_info(self, batch_size=0):
+        return self.base_cell.state_info(batch_size)
+
+    def begin_state(self, batch_size=0, func=None, **kwargs):
+        return self.base_cell.begin_state(batch_size, func, **kwargs)
+
+    def forward(self, inputs, states):
+        out, states = self.base_cell(inputs, states)
+        if tuple(out.shape) != tuple(inputs.shape):
+            raise ValueError(f"ResidualCell: the cell's output {tuple(out.shape)} and its "
+                             f"input {tuple(inputs.shape)} differ in shape; they are added")
+        return out + inputs, states
+
+
+class BidirectionalCell(RecurrentCell):
+    """``l_cell`` over the sequence and ``r_cell`` over it reversed; each step's outputs
+    joined on the feature axis (forward first), the states l_cell's then r_cell's. A whole
+    sequence is needed: use ``unroll``."""
+
+    def __init__(self, l_cell, r_cell, **kwargs):
+        super().__init__(**kwargs)
+        self.l_cell = l_cell
+        self.r_cell = r_cell
+
+    def state_info(self, batch_size=0):
+        return self.l_cell.state_info(batch_size) + self.r_cell.state_info(batch_size)
+
+    def begin_state(self, batch_size=0, func=None, **kwargs):
+        return (self.l_cell.begin_state(batch_size, func, **kwargs) +
+                self.r_cell.begin_state(batch_size, func, **kwargs))
+
+    def forward(self, inputs, states):
+        raise NotImplementedError("BidirectionalCell cannot step: the backward direction "
+                                  "needs the whole sequence; call unroll()")
+
+    def unroll(self, length, inputs, begin_state=None, layout="NTC", merge_outputs=None,
+               valid_length=None):
+        who = "BidirectionalCell.unroll"
+        if valid_length is not None:
+            raise NotImplementedError(f"{who}: valid_length is not supported")
+        if layout not in ("NTC", "TNC"):
+            raise ValueError(f"{who}: layout must be 'NTC' or 'TNC', got {layout!r}")
+        single = isinstance(inputs, NDArray)
+        if single:
+            seq = inputs if layout == "TNC" else swapaxes(inputs, 0, 1)
+        else:
+            seq = stack(list(inputs), axis=0)
+        if begin_state is None:
+            begin_state = self.begin_state(seq.shape[1], device=_dev(seq))
+        states = as_state_list(begin_state, who)
+        check_states(who, states, self.state_info(seq.shape[1]))
+        n_left = len(self.l_cell.state_info())
+        l_out, l_states = self.l_cell.unroll(length, seq, states[:n_left], "TNC", True)
+        r_out, r_states = self.r_cell.unroll(length, seq[::-1], states[n_left:], "TNC", True)
+        out = concatenate([l_out, r_out[::-1]], axis=2)
+        merge = single if merge_outputs is None else merge_outputs
+        if merge:
+            return (out if layout == "TNC" else swapaxes(out, 0, 1)), l_states + r_states
+        return [out[t] for t in range(length)], l_states + r_states
