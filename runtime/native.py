@@ -21,6 +21,7 @@ import ctypes
 import hashlib
 import json
 import re
+import sys
 import threading
 import time
 import warnings
@@ -44,6 +45,13 @@ def _log():
 
 
 def _hybrid_version() -> str:
+    # The front end's version when it is loaded (always, but for runtime-only tools): read,
+    # never imported (runtime never imports hybrid). importlib.metadata costs ~60 ms of a
+    # first hybridized call (its import and the METADATA parse), for the same string.
+    front = sys.modules.get("hybrid")
+    version = getattr(front, "__version__", None)
+    if isinstance(version, str):
+        return version
     try:
         from importlib.metadata import version  # noqa: PLC0415
         return version("hybrid")
