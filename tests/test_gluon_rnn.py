@@ -470,6 +470,19 @@ def test_eager_and_hybridized_agree(backend, mode, num_layers, bidirectional, la
 
 
 @hybridized
+def test_hybridized_dropout_draws_what_eager_draws():
+    layer, _ = setup("gru", 4, 3, num_layers=2, dropout=0.5)
+    x = hb.array(RNG.normal(size=(5, 2, 3)))
+    outs = []
+    for active in (False, True):
+        layer.hybridize(active=active, backend="llvm")
+        hb.random.seed(3)
+        with autograd.record():
+            outs.append(layer(x).asnumpy())
+    close(outs[1], outs[0], rtol=1e-5, atol=1e-6)
+
+
+@hybridized
 def test_hybridized_cell_unroll_agrees():
     cell = rnn.GRUCell(4, input_size=3)
     cell.initialize()
