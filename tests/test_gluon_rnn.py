@@ -420,24 +420,12 @@ def test_book_usage():
 
 
 # --------------------------------------------------------------------- hybridized
-def _traced_foreach_landed():
-    try:
-        import hybrid.control_trace  # noqa: F401
-    except ImportError:
-        return False
-    return True
+CASES = [("lstm", 2, True, "TNC"), ("gru", 1, False, "NTC"), ("rnn_tanh", 2, False, "TNC"),
+         ("rnn_relu", 1, True, "NTC")]
 
 
-hybridized = pytest.mark.xfail(
-    not _traced_foreach_landed(), strict=False,
-    reason="traced npx.foreach (hybrid/control_trace.py) has not landed yet")
-
-
-@hybridized
 @pytest.mark.parametrize("backend", ["reference", "llvm"])
-@pytest.mark.parametrize("mode,num_layers,bidirectional,layout", [
-    ("lstm", 2, True, "TNC"), ("gru", 1, False, "NTC"), ("rnn_tanh", 2, False, "TNC"),
-    ("rnn_relu", 1, True, "NTC")])
+@pytest.mark.parametrize("mode,num_layers,bidirectional,layout", CASES)
 def test_eager_and_hybridized_agree(backend, mode, num_layers, bidirectional, layout):
     layer, _ = setup(mode, 4, 3, num_layers, bidirectional, layout)
     dirs = 2 if bidirectional else 1
@@ -457,7 +445,6 @@ def test_eager_and_hybridized_agree(backend, mode, num_layers, bidirectional, la
         return out.asnumpy(), [s.asnumpy() for s in new], xs.grad.asnumpy(), grads
 
     eager = run()
-    eager_default = layer(hb.array(to_tnc(x, layout))).asnumpy()
     layer.hybridize(backend=backend)
     hybrid_ = run()
     close(hybrid_[0], eager[0], rtol=1e-5, atol=1e-5)
@@ -466,10 +453,27 @@ def test_eager_and_hybridized_agree(backend, mode, num_layers, bidirectional, la
     close(hybrid_[2], eager[2], rtol=1e-4, atol=1e-5)
     for k in eager[3]:
         close(hybrid_[3][k], eager[3][k], rtol=1e-4, atol=1e-5)
-    close(layer(hb.array(to_tnc(x, layout))).asnumpy(), eager_default, rtol=1e-5, atol=1e-5)
 
 
-@hybridized
+# compiler/graph.py's add_const names a new constant f"const{len(constants)}": once
+# remove_dead has pruned a constant, that name can be an existing one's, which is overwritten,
+# and constant folding then reads the wrong array. The LSTM's two zero states, sliced per
+# layer and direction, fold that way.
+CONST_NAME_BUG = pytest.mark.xfail(strict=False, reason="compiler/graph.py add_const reuses a "
+                                   "constant's name after remove_dead (reported)")
+
+
+@pytest.mark.parametrize("backend", ["reference", "llvm"])
+@pytest.mark.parametrize("mode,num_layers,bidirectional,layout", [
+    pytest.param(*CASES[0], marks=CONST_NAME_BUG)] + CASES[1:])
+def test_hybridized_default_states_agree(backend, mode, num_layers, bidirectional, layout):
+    layer, _ = setup(mode, 4, 3, num_layers, bidirectional, layout)
+    x = hb.array(to_tnc(RNG.normal(size=(5, 2, 3)), layout))
+    eager = layer(x).asnumpy()
+    layer.hybridize(backend=backend)
+    close(layer(x).asnumpy(), eager, rtol=1e-5, atol=1e-5)
+
+
 def test_hybridized_dropout_draws_what_eager_draws():
     layer, _ = setup("gru", 4, 3, num_layers=2, dropout=0.5)
     x = hb.array(RNG.normal(size=(5, 2, 3)))
@@ -482,7 +486,6 @@ def test_hybridized_dropout_draws_what_eager_draws():
     close(outs[1], outs[0], rtol=1e-5, atol=1e-6)
 
 
-@hybridized
 def test_hybridized_cell_unroll_agrees():
     cell = rnn.GRUCell(4, input_size=3)
     cell.initialize()
@@ -502,7 +505,6 @@ def test_hybridized_cell_unroll_agrees():
     close(net(x).asnumpy(), eager, rtol=1e-5, atol=1e-5)
 
 
-@hybridized
 def test_hybridized_layer_is_one_loop_per_layer_and_direction():
     """The traced graph: one foreach per layer and direction, the input projection of all
     steps one matmul outside each loop, and only the h2h product inside."""
@@ -520,7 +522,6 @@ def test_hybridized_layer_is_one_loop_per_layer_and_direction():
 
 @pytest.mark.xfail(strict=False, reason="a symbolic time dimension (one graph for every "
                    "sequence length) is not in tracing yet: each length compiles its own")
-@hybridized
 def test_one_compile_serves_every_sequence_length():
     layer, _ = setup("lstm", 4, 3)
     xs = [RNG.normal(size=(t, 2, 3)).astype("float32") for t in (10, 23, 35, 50)]
