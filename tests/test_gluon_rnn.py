@@ -531,3 +531,17 @@ def test_one_compile_serves_every_sequence_length():
     for x, w in zip(xs, want):
         close(layer(hb.array(x)).asnumpy(), w, rtol=1e-5, atol=1e-5)
     assert hb.num_compiles() - before == 1
+
+
+def test_exported_layer_runs_without_its_class(tmp_path):
+    layer, _ = setup("lstm", 4, 3, num_layers=2, bidirectional=True)
+    x = hb.array(RNG.normal(size=(5, 2, 3)))
+    states = [hb.array(RNG.normal(size=(4, 2, 4))) for _ in range(2)]
+    want, want_states = layer(x, states)
+    layer.hybridize(backend="llvm")
+    layer(x, states)
+    layer.export(str(tmp_path / "lstm"))
+    out, new = hb.load(str(tmp_path / "lstm"))(x, states)
+    close(out.asnumpy(), want.asnumpy(), rtol=1e-5, atol=1e-6)
+    for a, b in zip(new, want_states):
+        close(a.asnumpy(), b.asnumpy(), rtol=1e-5, atol=1e-6)
