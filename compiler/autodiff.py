@@ -153,7 +153,8 @@ def expose_results(graph: Graph) -> Graph:
 
 
 def split_joint(graph: Graph, wrt: list[int]) -> TrainingGraphs:
-    graph = expose_results(graph)
+    from .control_flow import training_form  # noqa: PLC0415 - control_flow imports autodiff
+    graph = expose_results(training_form(graph))
     joint, grad_inputs, grads = differentiate(graph, wrt)
     g = joint.g
     fwd_nodes = set(graph.g.nodes)

@@ -224,68 +224,75 @@ def _cot(F, g, like):
     return g if g is not None else _zeros_like_sym(F, like.graph.spec(like.id))
 
 
-def _scan_back(F, body: Body, seqs, states, caps, g_seq, g_final, states_seq, count=None,
-               name="foreach"):
-    """The reverse scan shared by foreach's and while_loop's gradients: returns (gradients
-    of the data rows, of the initial states, of the captured values) — None where not
-    float. ``seqs``: the data each forward step read (rows); ``states_seq``: the states each
-    step started from."""
+def _scan_back(F, body: Body, seqs, states, caps, g_seq, g_final, states_seq, count=None):
+    """The reverse scan of a loop that kept only the states each step started from: its
+    body runs the forward body again and then its VJP (a while_loop's gradient, and a
+    foreach's outside training_form). Returns (gradients of the data rows, of the initial
+    states, of the captured values), None where not float."""
     n_data, n_states = len(seqs), len(states)
     inputs = list(seqs) + list(states) + list(caps)
-    # body inputs: data_t..., state_t..., caps...; differentiate w.r.t. the float ones
     wrt = [i for i, a in enumerate(inputs) if _is_float(a)]
-    wrt_caps = [i for i in wrt if i >= n_data + n_states]
-    wrt_main = [i for i in wrt if i < n_data + n_states]
     if not wrt:
         return [None] * len(seqs), [None] * len(states), [None] * len(caps)
-    vjp = _vjp_body(body, wrt_main + wrt_caps, f"{body.graph.name}_vjp")
-    # rearrange the VJP body into a foreach body: data (rows of the forward data, of the
-    # states each step started from, of the outputs' cotangents), carried states (the
-    # states' cotangents, the captured values' sums), captured (the forward's captured)
-    fwd_in = len(inputs)
-    n_out = len(body.out_specs) - n_states
-    vg = vjp.graph
-    ins = list(vg.inputs)
-    x_rows = ins[:n_data]
-    s_rows = ins[n_data:n_data + n_states]
-    cap_in = ins[n_data + n_states:fwd_in]
-    g_out_rows = ins[fwd_in:fwd_in + n_out]
-    g_states = ins[fwd_in + n_out:fwd_in + n_out + n_states]
-    # carried sums of the captured gradients
-    from .autodiff import GraphBuilder  # noqa: PLC0415
+    vjp = _vjp_body(body, wrt, f"{body.graph.name}_vjp")
+    sources = [("data", i) for i in range(n_data)] + [("state", k) for k in range(n_states)] \
+        + [("cap", j) for j in range(len(caps))]
+    return _reverse_scan(F, vjp.graph, sources, wrt, n_data, n_states, seqs, states, caps,
+                         states_seq, [], g_seq, g_final, count)
+
+
+def _reverse_scan(F, vjp: Graph, sources, wrt, n_data, n_states, seqs, states, caps,
+                  states_seq, saved, g_seq, g_final, count=None):
+    """A reverse foreach running ``vjp`` (inputs: one per residual in ``sources``, then one
+    cotangent per forward body output; outputs: the gradient of each forward body input
+    index in ``wrt``) from the last step to the first. A residual is a row of the forward's
+    data (``("data", i)``), of the states each step started from (``("state", k)``), of a
+    saved step output (``("out", k)``: ``saved[k]``), or a captured value (``("cap", j)``).
+    The states' cotangents are carried from step to step; the captured values' gradients
+    are summed in carried accumulators."""
+    from .autodiff import GraphBuilder  # noqa: PLC0415 - autodiff imports the ops
+
+    vg = vjp.copy()
     b = GraphBuilder(vg)
-    grads = list(vg.outputs)
-    k_main = len(wrt_main)
-    acc_nodes, new_acc = [], []
-    for j, i in enumerate(wrt_caps):
-        acc = vg.add_input(vg.spec(vg.inputs[i]), f"acc{i}")
-        acc_nodes.append(acc)
-        new_acc.append(b.apply("add", (NodeRef(acc), NodeRef(grads[k_main + j])), {}).id)
-    main = dict(zip(wrt_main, grads[:k_main]))
-    out_rows = [main.get(i) for i in range(n_data)]  # per data input: its row gradient
+    n_res = len(sources)
+    res_in, cot_in = vg.inputs[:n_res], vg.inputs[n_res:]
+    n_out = len(cot_in) - n_states
+    row_in, row_args, cap_in, cap_args = [], [], [], []
+    for node, (kind, i) in zip(res_in, sources):
+        if kind == "cap":
+            cap_in.append(node)
+            cap_args.append(caps[i])
+        else:
+            row_in.append(node)
+            row_args.append({"data": seqs, "state": states_seq, "out": saved}[kind][i])
+    grads = dict(zip(wrt, vg.outputs))
+    first_cap = n_data + n_states
+    wrt_caps = [i for i in wrt if i >= first_cap]
+    acc_in, new_acc = [], []
+    for i in wrt_caps:
+        acc = vg.add_input(vg.spec(grads[i]), f"acc{i}")
+        acc_in.append(acc)
+        new_acc.append(b.apply("add", (NodeRef(acc), NodeRef(grads[i])), {}).id)
     new_g_states = []
     for k in range(n_states):
-        i = n_data + k
-        if i in main:
-            new_g_states.append(main[i])
-        else:
-            spec = vg.spec(s_rows[k])
+        if n_data + k in grads:
+            new_g_states.append(grads[n_data + k])
+        else:  # an integer state: no gradient flows through it
+            spec = vg.spec(cot_in[n_out + k])
             new_g_states.append(b.apply("full", (), {"shape": tuple(spec.shape), "value": 0.0,
                                                      "dtype": spec.dtype}).id)
-    float_rows = [i for i in range(n_data) if out_rows[i] is not None]
-    vg.inputs = x_rows + s_rows + g_out_rows + g_states + acc_nodes + cap_in
-    vg.outputs = [out_rows[i] for i in float_rows] + new_g_states + new_acc
-    vg.name = f"{body.graph.name}_back"
+    float_rows = [i for i in range(n_data) if i in grads]
+    vg.inputs = row_in + cot_in[:n_out] + cot_in[n_out:] + acc_in + cap_in
+    vg.outputs = [grads[i] for i in float_rows] + new_g_states + new_acc
+    vg.name = f"{vjp.name}_scan"
     vg.remove_dead()
-    back = Body(vg)
-    data = list(seqs) + list(states_seq) + [g for g in g_seq]
-    init = list(g_final) + [_zeros_like_sym(F, caps[i - n_data - n_states].graph.spec(
-        caps[i - n_data - n_states].id)) for i in wrt_caps]
+    data = row_args + list(g_seq)
+    init = list(g_final) + [_zeros_like_sym(F, caps[i - first_cap].graph.spec(
+        caps[i - first_cap].id)) for i in wrt_caps]
     lead = [count] if count is not None else []
-    node = F.foreach(*(lead + data + init + list(caps)), body=back, n_data=len(data),
+    node = F.foreach(*(lead + data + init + cap_args), body=Body(vg), n_data=len(data),
                      n_states=len(init), reverse=True, counted=count is not None)
-    n_res = len(float_rows) + 2 * len(init)
-    res = _results_of(node.graph, node.id, n_res, F)
+    res = _results_of(node.graph, node.id, len(float_rows) + 2 * len(init), F)
     g_rows = [None] * n_data
     for j, i in enumerate(float_rows):
         g_rows[i] = res[j]
@@ -293,7 +300,7 @@ def _scan_back(F, body: Body, seqs, states, caps, g_seq, g_final, states_seq, co
     g_init = [finals[k] if _is_float(states[k]) else None for k in range(n_states)]
     g_caps = [None] * len(caps)
     for j, i in enumerate(wrt_caps):
-        g_caps[i - n_data - n_states] = finals[n_states + j]
+        g_caps[i - first_cap] = finals[n_states + j]
     return g_rows, g_init, g_caps
 
 
@@ -303,13 +310,71 @@ def _foreach_grad(F, inputs, res, g, attrs):
         raise ValueError("the gradient of a gradient's scan (second-order differentiation "
                          "through foreach) is not supported")
     seqs, states, caps = inputs[:nd], inputs[nd:nd + ns], inputs[nd + ns:]
-    n_out = len(body.out_specs) - ns
-    outs, finals, states_seq = res[:n_out], res[n_out:n_out + ns], res[n_out + ns:]
+    n_steps_out = len(body.out_specs) - ns
+    n_out = attrs.get("n_outputs", n_steps_out)  # the user's; saved residuals after them
+    outs, saved = res[:n_out], res[n_out:n_steps_out]
+    finals, states_seq = res[n_steps_out:n_steps_out + ns], res[n_steps_out + ns:]
     g_seq = [_cot(F, g[k], outs[k]) for k in range(n_out)]
-    g_final = [_cot(F, g[n_out + k], finals[k]) for k in range(ns)]
-    g_rows, g_init, g_caps = _scan_back(F, body, seqs, states, caps, g_seq, g_final,
-                                        states_seq)
+    g_final = [_cot(F, g[n_steps_out + k], finals[k]) for k in range(ns)]
+    if attrs.get("vjp") is not None:  # training_form: the residuals were saved per step
+        g_rows, g_init, g_caps = _reverse_scan(
+            F, attrs["vjp"].graph, attrs["residuals"], list(attrs["wrt"]), nd, ns, seqs,
+            states, caps, states_seq, saved, g_seq, g_final)
+    else:
+        g_rows, g_init, g_caps = _scan_back(F, body, seqs, states, caps, g_seq, g_final,
+                                            states_seq)
     return tuple(g_rows) + tuple(g_init) + tuple(g_caps)
+
+
+def training_form(graph: Graph) -> Graph:
+    """``graph`` with each foreach saving its body's residuals per step (gates, activations:
+    what the body's own backward reads), so the gradient's reverse scan runs only the body's
+    backward instead of the forward body again and then its VJP. Pure; only training graphs
+    (compiler/autodiff.split_joint) take this form."""
+    from .autodiff import split_joint  # noqa: PLC0415 - autodiff imports this module
+
+    todo = [n for n in graph.g.nodes if graph.op(n) == "foreach"
+            and not graph.node(n)["attrs"].get("reverse")
+            and not graph.node(n)["attrs"].get("counted")
+            and graph.node(n)["attrs"].get("vjp") is None]
+    if not todo:
+        return graph
+    graph = graph.copy()
+    for n in todo:
+        d = graph.node(n)
+        attrs = d["attrs"]
+        bg, nd, ns = attrs["body"].graph, attrs["n_data"], attrs["n_states"]
+        wrt = [i for i, x in enumerate(bg.inputs) if bg.spec(x).dtype in FLOATS]
+        if not wrt:
+            continue
+        tg = split_joint(bg, [bg.inputs[i] for i in wrt])
+        n_out = len(bg.outputs) - ns
+        fwd = tg.forward
+        # the body's outputs (renumbered where the body's own loops took this form too),
+        # then the residuals computed inside the body
+        outs, computed = fwd.outputs[:len(bg.outputs)], fwd.outputs[len(bg.outputs):]
+        fwd.outputs = outs[:n_out] + computed + outs[n_out:]
+        sources = []
+        for r in tg.residuals:
+            if r in computed:
+                sources.append(("out", computed.index(r)))
+            else:
+                i = bg.inputs.index(r)
+                sources.append(("data", i) if i < nd else ("state", i - nd) if i < nd + ns
+                               else ("cap", i - nd - ns))
+        new_attrs = dict(attrs, body=Body(fwd), vjp=Body(tg.backward),
+                         residuals=tuple(sources), wrt=tuple(wrt), n_outputs=n_out)
+        tup = graph.add_op("foreach", [NodeRef(a) for a in graph.arg_ids(n)], new_attrs,
+                           d.get("where"), d["device"])
+        shift = len(computed)
+        for u in graph.users(n):
+            k = graph.node(u)["attrs"]["index"]
+            new = graph.add_op("nth", [NodeRef(tup)], {"index": k if k < n_out else k + shift},
+                               graph.node(u).get("where"), graph.node(u)["device"])
+            graph.replace_uses(u, new)
+            graph.g.remove_node(u)
+        graph.g.remove_node(n)
+    return graph
 
 
 def _while_grad(F, inputs, res, g, attrs):

@@ -14,6 +14,10 @@ Operands (graph argument order) and results, with bodies' inputs and outputs:
     ``counted``: a leading int64 scalar ``n`` runs only steps ``0..n-1`` (rows after stay
     zero), the reverse scan of a ``while_loop``'s gradient. ``reverse``: steps go from the
     last row to the first, each writing its own row.
+    A training graph's foreach (``compiler.control_flow.training_form``) also saves what its
+    body's backward reads: its body's step outputs are the user's ``n_outputs``, then the
+    saved residuals; ``vjp`` is the body's backward, ``residuals`` where each of its inputs
+    comes from, ``wrt`` the body inputs it differentiates.
 ``while_loop(vars..., captured...)`` attrs ``cond``, ``func``, ``n_vars``,
     ``max_iterations``. ``cond(vars..., captured...) -> (pred,)``; ``func(vars...,
     captured...) -> (out..., new_vars...)``. Results: each out stacked over
@@ -81,7 +85,8 @@ def _stacked(n, specs):
     return [Spec((n,) + tuple(s.shape), s.dtype) for s in specs]
 
 
-def _foreach_infer(*specs, body, n_data, n_states, reverse=False, counted=False):
+def _foreach_infer(*specs, body, n_data, n_states, reverse=False, counted=False, vjp=None,
+                   residuals=(), wrt=(), n_outputs=None):
     if counted:
         if specs[0].shape != () or specs[0].dtype != "int64":
             raise OpError(f"foreach(counted): the step count must be an int64 scalar, got "
@@ -157,7 +162,8 @@ def _grad(name):
 
 register("foreach", "control", infer=_foreach_infer, impl=_impl("foreach"),
          grad=_grad("foreach"), num_outputs=0,
-         attrs=("body", "n_data", "n_states", "reverse", "counted"),
+         attrs=("body", "n_data", "n_states", "reverse", "counted", "vjp", "residuals", "wrt",
+                "n_outputs"),
          doc="scan a body over the first axis of data, carrying states")
 register("while_loop", "control", infer=_while_infer, impl=_impl("while_loop"),
          grad=_grad("while_loop"), num_outputs=0,
