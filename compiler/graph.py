@@ -57,7 +57,11 @@ class Graph:
 
     def add_const(self, value: np.ndarray, name: str | None = None, device="cpu(0)") -> int:
         value = np.array(value, order="C", copy=True)  # (ascontiguousarray makes 0-d 1-d)
-        name = name or f"const{len(self.constants)}"
+        if name is None:  # a fresh name: len(constants) may be taken after remove_dead
+            k = len(self.constants)
+            while f"const{k}" in self.constants:
+                k += 1
+            name = f"const{k}"
         self.constants[name] = value
         return self._add("const", Spec(value.shape, value.dtype.name), {"name": name},
                          device=device)

@@ -114,3 +114,18 @@ def test_split_joint_gradients_match_finite_differences():
             num[i] = (f(*[a + d if a is arr else a for a in (x, w, b)])
                       - f(*[a - d if a is arr else a for a in (x, w, b)])) / 2e-6
         np.testing.assert_allclose(grad, num, rtol=1e-5, atol=1e-6)
+
+
+def test_a_new_constant_never_takes_the_name_of_a_live_one():
+    # remove_dead prunes constants; a name built from len(constants) then named a live one
+    # and overwrote its value (an LSTM's zero state read another constant's array)
+    g = Graph("c")
+    x = g.add_input(Spec((2,), "float32"), "x")
+    dead = g.add_const(np.zeros(2, "float32"))
+    live = g.add_const(np.full(2, 7.0, "float32"))
+    g.outputs = [g.add_op("add", [NodeRef(x), NodeRef(live)], {})]
+    assert g.remove_dead() == 1 and dead not in g.g
+    fresh = g.add_const(np.ones(2, "float32"))
+    names = {g.node(n)["attrs"]["name"] for n in (live, fresh)}
+    assert len(names) == 2
+    np.testing.assert_array_equal(g.constants[g.node(live)["attrs"]["name"]], [7, 7])
