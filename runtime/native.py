@@ -35,6 +35,8 @@ OPT_PIPELINE = "O3+vectorize,no-unroll,no-interleave"  # part of the cache key
 _lock = threading.RLock()
 _target: dict = {}
 _loaded: dict = {}  # cache digest -> NativeModule (one MCJIT engine per distinct object)
+# what compile_ir did, counted (tests assert a warm start compiles and generates nothing)
+stats = {"compiles": 0, "disk_hits": 0, "ir_generated": 0}
 # Engines are never disposed: machine code must outlive every function pointer handed out
 # (and disposing an MCJIT engine that was fed an object file crashes in llvmlite 0.50).
 _keepalive: list = []
@@ -167,8 +169,12 @@ def compile_ir(ir_text, entries, key: dict | None = None, name: str = "module",
         if obj is None:
             if callable(ir_text):  # generated only when it must be compiled
                 ir_text = ir_text()
+                stats["ir_generated"] += 1
             obj, times = _compile(ir_text, name, dump)
+            stats["compiles"] += 1
             _write_cache(path, record, obj)
+        else:
+            stats["disk_hits"] += 1
         if before_load is not None:
             before_load()
         t1 = time.perf_counter()

@@ -194,3 +194,38 @@ def test_eager_kernels_off_means_numpy():
         assert eager_kernels.stats["native_calls"] == before
     finally:
         config.set_flag("HYBRID_EAGER_KERNELS", old)
+
+
+# ------------------------------------------------------------------ the first call
+def test_warm_disk_cache_hit_generates_no_ir(tmp_path):
+    """A process whose compile cache holds the object code loads it: no IR is generated and
+    LLVM compiles nothing (counted by runtime.native.stats, never timed)."""
+    from runtime import native
+
+    old = config.set_flag("HYBRID_CACHE_DIR", str(tmp_path))
+    try:
+        def first_call():
+            net = hb.nn.HybridSequential()
+            net.add(hb.nn.Dense(7, activation="relu"), hb.nn.Dense(3))
+            net.initialize(hb.init.Constant(0.25))
+            x = hb.ones((2, 5))
+            want = net(x).asnumpy()
+            net.hybridize(backend="llvm")
+            np.testing.assert_array_equal(net(x).asnumpy(), want)
+
+        first_call()  # cold: compiled, written to the cache
+        native._loaded.clear()  # as a new process: only the disk cache is left
+        before = dict(native.stats)
+        first_call()
+        assert native.stats["disk_hits"] > before["disk_hits"]
+        assert native.stats["compiles"] == before["compiles"]
+        assert native.stats["ir_generated"] == before["ir_generated"]
+    finally:
+        config.set_flag("HYBRID_CACHE_DIR", old)
+
+
+def test_extern_key_is_the_emitters_own():
+    """emit.extern_key (read on every compile without importing the extern emitters) is the
+    list extern.py's emitters are built from."""
+    from compiler.codegen.llvm import emit, extern
+    assert emit.extern_key() == extern.extern_key()

@@ -839,6 +839,19 @@ def _follow_core_share(compiled: CompiledProgram):
     compiled.set_threads(engine.threads_per_cpu_device())
 
 
+def extern_key() -> list:
+    """The settings that split externs into workers: part of the machine-code cache key, as
+    the Program shows them only through scratch sizes. Read here, not through extern.py:
+    a warm start (a disk cache hit) emits no IR, so it never imports the extern emitters
+    (conv, matmul, sgemm: ~100 ms of imports on a first call; extern.extern_key is the
+    same list, tests/test_eager_fast.py checks)."""
+    from .. import extern_plan as p  # noqa: PLC0415
+    from .gemv import GEMV_CHUNKS, GEMV_PARALLEL_MIN  # noqa: PLC0415
+    return [p.max_workers(), p.PARALLEL_MIN_WORK, p.POOL_MIN_WORK, p.THIN_MIN_WORK,
+            p.SCRATCH_BUDGET, GEMV_PARALLEL_MIN, GEMV_CHUNKS, p.SGEMM_PACK_MIN_ROWS,
+            p.SGEMM_MAX_K, p.SGEMM_MAX_A_BYTES, p.SGEMM_MIN_WORK]
+
+
 def compile_program(program: Program, name: str = "program") -> CompiledProgram:
     """Generate, optimize (O3, host CPU) and load ``program``; cached in memory and on disk.
 
@@ -853,7 +866,6 @@ def compile_program(program: Program, name: str = "program") -> CompiledProgram:
         built["mb"] = mb
         return mb.build()
 
-    from .extern import extern_key  # noqa: PLC0415 - avoid an import cycle
     if any(isinstance(s, ExternKernel) for s in program.steps):
         from runtime import blas  # noqa: PLC0415 - BLAS symbols must exist before linking
         before = blas.load
