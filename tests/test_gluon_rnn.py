@@ -200,6 +200,8 @@ def test_clear_errors():
         layer(hb.zeros((4, 2, 3)), [hb.zeros((2, 2, 4))])
     with pytest.raises(ValueError, match=r"state 1 has shape \(2, 3, 4\), expected \(2, 2, 4\)"):
         layer(hb.zeros((4, 2, 3)), [hb.zeros((2, 2, 4)), hb.zeros((2, 3, 4))])
+    with pytest.raises(TypeError, match="state 0 has dtype float64.*float32"):
+        layer(hb.zeros((4, 2, 3)), [hb.zeros((2, 2, 4), dtype="float64"), hb.zeros((2, 2, 4))])
     with pytest.raises(ValueError, match="layout must be 'TNC' or 'NTC'"):
         rnn.GRU(3, layout="CTN")
     with pytest.raises(ValueError, match="activation must be one of"):

@@ -128,6 +128,9 @@ def check_states(who, states, infos):
         if tuple(s.shape) != tuple(info["shape"]):
             raise ValueError(f"{who}: state {k} has shape {tuple(s.shape)}, expected "
                              f"{tuple(info['shape'])} (layout {info['__layout__']})")
+        if s._dtype != info["dtype"]:  # a loop's states keep one dtype: say which, here
+            raise TypeError(f"{who}: state {k} has dtype {s._dtype}, but the parameters are "
+                            f"{info['dtype']}; cast it: state.astype('{info['dtype']}')")
 
 
 # ----------------------------------------------------------------- cells
