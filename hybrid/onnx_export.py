@@ -19,6 +19,7 @@ import numpy as np
 
 from compiler.graph import NodeRef
 from compiler.ops import REGISTRY, result_dtype
+from compiler.ops.control import CONTROL_OPS
 from compiler.ops.movement import normalize_slice
 from runtime.atomic import write_bytes
 
@@ -55,7 +56,7 @@ def supported_ops() -> list:
     extra = ("ne", "logical_not", "copy", "stop_gradient", "cast", "square", "rsqrt", "log1p",
              "expm1", "mod", "floordiv", "where", "clip", "matmul", "reshape", "transpose",
              "broadcast_to", "slice", "concatenate", "argmax", "argmin", "conv2d", "pool2d",
-             "take", "pick", "full", "arange")
+             "take", "pick", "full", "arange", "foreach", "while_loop", "cond", "nth")
     return sorted(set(_UNARY) | set(_BINARY) | set(_COMPARE) | set(_LOGICAL) | set(_REDUCE)
                   | set(extra))
 
@@ -135,25 +136,37 @@ def _axes(axis, ndim):
     return sorted(int(a) % max(ndim, 1) for a in axes)
 
 
+def _c_order(value) -> np.ndarray:
+    """A C-ordered copy that keeps a 0-d array 0-d (np.ascontiguousarray makes it 1-d, and a
+    scalar initializer of shape [1] makes ONNX shape inference disagree with the graph)."""
+    return np.array(value, order="C")
+
+
 def _like(dtype):
     """A stand-in array of ``dtype`` for result_dtype (which looks at .shape/.dtype)."""
     return np.empty((), dtype=dtype)
 
 
 class _Emitter:
-    def __init__(self, graph, helper):
+    def __init__(self, graph, helper, outer=None, nodes=None, initializers=None):
+        """``outer``: the emitter of the enclosing graph (a control-flow body's ONNX graph is
+        a subgraph: fresh names stay unique across all scopes, and outer values keep their
+        types); ``nodes``/``initializers``: lists to emit into (a body inlined into the
+        enclosing scope shares them)."""
         self.g = graph
         self.h = helper
-        self.nodes: list = []
-        self.initializers: list = []
+        self.nodes: list = [] if nodes is None else nodes
+        self.initializers: list = [] if initializers is None else initializers
         self.names: dict = {}  # graph node id -> ONNX value name
-        self.types: dict = {}  # ONNX value name -> dtype name
-        self._n = 0
+        self.types: dict = {} if outer is None else dict(outer.types)
+        self.results: dict = {}  # control node -> its results' ONNX names (None: not written)
+        self._counter = [0] if outer is None else outer._counter
+        self._scoped = outer is not None
 
     # ------------------------------------------------------------ building blocks
     def fresh(self, hint="t") -> str:
-        self._n += 1
-        return f"{hint}_{self._n}"
+        self._counter[0] += 1
+        return f"{hint}_{self._counter[0]}"
 
     def emit(self, op_type, inputs, output=None, dtype=None, **attrs) -> str:
         output = output or self.fresh(op_type.lower())
@@ -168,15 +181,15 @@ class _Emitter:
     def initializer(self, value: np.ndarray, hint="c") -> str:
         from onnx import numpy_helper  # noqa: PLC0415
         name = self.fresh(hint)
-        self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
+        self.initializers.append(numpy_helper.from_array(_c_order(value), name))
         self.types[name] = np.asarray(value).dtype.name
         return name
 
     def bind_initializer(self, nid, name, value):
         from onnx import numpy_helper  # noqa: PLC0415
-        if name in self.types:
+        if name in self.types or self._scoped:  # a body's constant: unique in every scope
             name = self.fresh(name)
-        self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
+        self.initializers.append(numpy_helper.from_array(_c_order(value), name))
         self.names[nid] = name
         self.types[name] = np.asarray(value).dtype.name
 
@@ -200,6 +213,17 @@ class _Emitter:
         op, spec, attrs = g.op(nid), g.spec(nid), dict(g.node(nid)["attrs"])
         args = g.args(nid)
         fn = getattr(self, f"_op_{op}", None)
+        if op in CONTROL_OPS:  # several results, read by nth nodes
+            self.results[nid] = fn(args, **attrs)
+            return
+        if op == "nth":
+            name = self.results[args[0].id][attrs["index"]]
+            if name is None:
+                raise OnnxExportError(f"ONNX export: result {attrs['index']} of a "
+                                      f"{g.op(args[0].id)} (node %{args[0].id}) is only kept "
+                                      "for training and has no ONNX form")
+            self.names[nid] = name
+            return
         if op in _UNARY:
             out = self._unary(op, args[0], spec)
         elif op in _BINARY:
@@ -410,3 +434,157 @@ class _Emitter:
 
     def _op_arange(self, args, spec, **attrs):
         return self._source("arange", spec, attrs)
+
+    # ------------------------------------------------------------ control flow
+    def _body_values(self, graph, bound: dict) -> "_Emitter":
+        """Lower ``graph`` (a body) into this scope; ``bound``: its input node -> the ONNX
+        name it reads. Returns the emitter holding the names of its values."""
+        sub = _Emitter(graph, self.h, outer=self, nodes=self.nodes,
+                       initializers=self.initializers)
+        sub.names.update(bound)
+        for nid in graph.topo_order():
+            op = graph.op(nid)
+            if op == "input":
+                continue
+            if op == "const":
+                name = graph.node(nid)["attrs"]["name"]
+                sub.bind_initializer(nid, f"const.{name}", graph.constants[name])
+                continue
+            sub.lower(nid)
+        return sub
+
+    def _subgraph(self, graph, inputs: list, bound: dict, outputs, hint):
+        """An ONNX GraphProto of body ``graph``: ``inputs`` its formal inputs (body nodes, in
+        ONNX order), ``bound`` the rest of its inputs (outer names), ``outputs`` a function of
+        the lowered body's emitter giving [(ONNX name, dtype, shape)]."""
+        h = self.h
+        scope = _Emitter(graph, h, outer=self)
+        formal = []
+        for nid in inputs:
+            spec = graph.spec(nid)
+            name = scope.fresh(f"{hint}_in")
+            bound = {**bound, nid: name}
+            scope.types[name] = spec.dtype
+            formal.append(h.make_tensor_value_info(name, _tt(spec.dtype), list(spec.shape)))
+        sub = scope._body_values(graph, bound)
+        outs = []
+        for name, dtype, shape in outputs(sub):
+            out = scope.emit("Identity", [sub.cast(name, dtype)], scope.fresh(f"{hint}_out"),
+                             dtype=dtype)
+            outs.append(h.make_tensor_value_info(out, _tt(dtype), list(shape)))
+        return h.make_graph(scope.nodes, hint, formal, outs, scope.initializers)
+
+    def _names(self, args):
+        return [self.names[a.id] for a in args]
+
+    def _op_foreach(self, args, body, n_data, n_states, reverse=False, counted=False,
+                    **saved):
+        if counted or saved.get("vjp") is not None:
+            raise OnnxExportError("ONNX export: a training graph's foreach has no ONNX form "
+                                  "(export writes the predict graph)")
+        bg = body.graph
+        seqs, states, caps = args[:n_data], args[n_data:n_data + n_states], \
+            args[n_data + n_states:]
+        n_out = len(bg.outputs) - n_states
+        ins = bg.inputs
+        bound = {nid: self.names[a.id] for nid, a in zip(ins[n_data + n_states:], caps)}
+
+        def outputs(sub):  # ONNX Scan: new states first, then the step outputs
+            order = bg.outputs[n_out:] + bg.outputs[:n_out]
+            return [(sub.names[o], bg.spec(o).dtype, bg.spec(o).shape) for o in order]
+        graph = self._subgraph(bg, ins[n_data:n_data + n_states] + ins[:n_data], bound,
+                               outputs, "scan_body")
+        finals = [self.fresh("scan_state") for _ in range(n_states)]
+        stacked = [self.fresh("scan_out") for _ in range(n_out)]
+        direction = [1 if reverse else 0]
+        self.nodes.append(self.h.make_node(
+            "Scan", self._names(states) + self._names(seqs), finals + stacked,
+            name=f"Scan_{len(self.nodes)}", body=graph, num_scan_inputs=n_data,
+            scan_input_directions=direction * n_data,
+            scan_output_directions=direction * n_out))
+        for name, o in zip(stacked, bg.outputs[:n_out]):
+            self.types[name] = bg.spec(o).dtype
+        for name, a in zip(finals, states):
+            self.types[name] = self.g.spec(a.id).dtype
+        return stacked + finals + [None] * n_states
+
+    def _op_while_loop(self, args, cond, func, n_vars, max_iterations):
+        cg, fg = cond.graph, func.graph
+        lvars, caps = args[:n_vars], args[n_vars:]
+        n_out = len(fg.outputs) - n_vars
+        cap_names = [self.names[a.id] for a in caps]
+
+        def pred(emitter, graph, var_names):  # cond's value on var_names, a bool scalar
+            bound = dict(zip(graph.inputs, var_names + cap_names))
+            sub = emitter._body_values(graph, bound)
+            p = sub.cast(sub.names[graph.outputs[0]], "bool")
+            return emitter.emit("Reshape", [p, emitter.ints([])], dtype="bool")
+        first = pred(self, cg, self._names(lvars))
+        # the Loop body: (iteration, condition, steps taken, vars...) -> (condition for the
+        # next iteration, steps + 1, new vars..., step outputs...)
+        h = self.h
+        scope = _Emitter(fg, h, outer=self)
+        it, cond_in, count_in = (scope.fresh(n) for n in ("iter", "cond_in", "count_in"))
+        formal = [h.make_tensor_value_info(it, _tt("int64"), []),
+                  h.make_tensor_value_info(cond_in, _tt("bool"), []),
+                  h.make_tensor_value_info(count_in, _tt("int64"), [])]
+        var_names = []
+        for a in lvars:
+            spec = self.g.spec(a.id)
+            name = scope.fresh("var_in")
+            scope.types[name] = spec.dtype
+            var_names.append(name)
+            formal.append(h.make_tensor_value_info(name, _tt(spec.dtype), list(spec.shape)))
+        sub = scope._body_values(fg, dict(zip(fg.inputs, var_names + cap_names)))
+        new_vars = [sub.names[o] for o in fg.outputs[n_out:]]
+        nxt = pred(scope, cg, new_vars)
+        count = scope.emit("Add", [count_in, scope.ints([1])], dtype="int64")
+        count = scope.emit("Reshape", [count, scope.ints([])], dtype="int64")
+        outs = [(nxt, "bool", []), (count, "int64", [])] + [
+            (sub.names[o], fg.spec(o).dtype, fg.spec(o).shape) for o in fg.outputs[n_out:]] + [
+            (sub.names[o], fg.spec(o).dtype, fg.spec(o).shape) for o in fg.outputs[:n_out]]
+        out_info = []
+        for name, dtype, shape in outs:
+            o = scope.emit("Identity", [sub.cast(name, dtype)], scope.fresh("loop_out"),
+                           dtype=dtype)
+            out_info.append(h.make_tensor_value_info(o, _tt(dtype), list(shape)))
+        body = h.make_graph(scope.nodes, "loop_body", formal, out_info, scope.initializers)
+        steps = self.fresh("loop_steps")
+        finals = [self.fresh("loop_var") for _ in range(n_vars)]
+        rows = [self.fresh("loop_rows") for _ in range(n_out)]
+        zero = self.initializer(np.asarray(0, dtype=np.int64), "zero")
+        trip = self.initializer(np.asarray(max_iterations, dtype=np.int64), "max_iterations")
+        self.nodes.append(h.make_node("Loop", [trip, first, zero] + self._names(lvars),
+                                      [steps] + finals + rows, name=f"Loop_{len(self.nodes)}",
+                                      body=body))
+        self.types[steps] = "int64"
+        for name, a in zip(finals, lvars):
+            self.types[name] = self.g.spec(a.id).dtype
+        padded = []  # rows after the last step taken are zeros, max_iterations in all
+        for name, o in zip(rows, fg.outputs[:n_out]):
+            spec = fg.spec(o)
+            self.types[name] = spec.dtype
+            short = self.emit("Sub", [trip, steps], dtype="int64")
+            pads = self.emit("Concat", [self.ints([0] * (spec.ndim + 1)),
+                                        self.emit("Reshape", [short, self.ints([1])]),
+                                        self.ints([0] * spec.ndim)], dtype="int64", axis=0)
+            padded.append(self.emit("Pad", [name, pads], dtype=spec.dtype))
+        return padded + finals + [steps] + [None] * n_vars
+
+    def _op_cond(self, args, then_body, else_body):
+        p = self.cast(self.names[args[0].id], "bool")
+        p = self.emit("Reshape", [p, self.ints([])], dtype="bool")
+        operands = self._names(args[1:])
+        branches = []
+        for b, hint in ((then_body, "then"), (else_body, "else")):
+            bg = b.graph
+            branches.append(self._subgraph(
+                bg, [], dict(zip(bg.inputs, operands)),
+                lambda sub, bg=bg: [(sub.names[o], bg.spec(o).dtype, bg.spec(o).shape)
+                                    for o in bg.outputs], f"{hint}_branch"))
+        outs = [self.fresh("if_out") for _ in then_body.graph.outputs]
+        self.nodes.append(self.h.make_node("If", [p], outs, name=f"If_{len(self.nodes)}",
+                                           then_branch=branches[0], else_branch=branches[1]))
+        for name, o in zip(outs, then_body.graph.outputs):
+            self.types[name] = then_body.graph.spec(o).dtype
+        return outs

@@ -120,3 +120,39 @@ def test_clear_error_without_onnx(tmp_path, monkeypatch):
     net.hybridize(backend="reference")
     with pytest.raises(OnnxExportError, match="pip install onnx"):
         net.export_onnx(tmp_path / "m.onnx", example_inputs=(hb.ones((1, 4)),))
+
+
+def test_control_flow_exports_as_scan_loop_and_if(tmp_path):
+    _need_onnx()
+    w = hb.array(np.random.default_rng(3).standard_normal((3, 3)).astype(np.float32) * 0.5)
+
+    @hb.hybridize(backend="reference")
+    def loops(x, lim):
+        npx = hb.npx
+
+        def step(row, s):  # foreach -> Scan; w is captured from outside the body
+            s2 = hb.tanh(hb.dot(s, w) + row)
+            return [s2 * 2.0, s2.sum()], s2
+        (seq, sums), h = npx.foreach(step, x, hb.zeros((3,)))
+        back, _ = npx.foreach(lambda row, s: (row + s, s + 1.0), x[::-1], hb.zeros(()))
+        outs, (n, a) = npx.while_loop(  # while_loop -> Loop, rows padded to max_iterations
+            lambda n, a: a.sum() < lim.sum(),
+            lambda n, a: (a * 2.0, [n + 1, a + hb.sigmoid(a)]),
+            [hb.zeros((), dtype="int64"), h], max_iterations=5)
+        c = npx.cond(lambda v: v.sum() > 0, lambda v: v * w.sum(), lambda v: -v, [a])
+        return seq, sums, h, back, outs, n, a, c  # cond -> If, with a captured w
+
+    x = np.random.default_rng(4).standard_normal((4, 3)).astype(np.float32)
+    for lim in (-1.0, 2.0, 100.0):  # zero steps, some, max_iterations
+        lim_a = np.array(lim, dtype=np.float32)
+        want, _ = hb.tracing.flatten(loops(hb.array(x), hb.array(lim_a)))
+        path = export_onnx(loops, tmp_path / "cf.onnx", (hb.array(x), hb.array(lim_a)))
+        model = _check_file(path)
+        ops = {n.op_type for n in model.graph.node}
+        assert {"Scan", "Loop", "If"} <= ops, ops
+        got = _run_ort(path, [x, lim_a])
+        assert len(got) == len(want)
+        for g, w_ in zip(got, want):
+            w_ = w_.asnumpy()
+            assert g.shape == w_.shape and g.dtype == w_.dtype
+            np.testing.assert_allclose(g, w_, rtol=1e-5, atol=1e-6)
