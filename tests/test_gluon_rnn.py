@@ -419,6 +419,18 @@ def test_book_usage():
     Y, state_new = rnn_layer(X, state)
     assert Y.shape == (5, 2, 8) and state_new[0].shape == (1, 2, 8)
     assert repr(rnn_layer) == "RNN(6 -> 8, TNC)"
+    # chapter 10's seq2seq: a 2-layer GRU encoder; the decoder reads its top layer's state
+    encoder = rnn.GRU(8, 2, dropout=0.1)
+    encoder.initialize()
+    X = hb.random.uniform(size=(4, 7, 5)).swapaxes(0, 1)
+    state = encoder.begin_state(batch_size=X.shape[1], ctx=X.ctx)
+    output, state = encoder(X, state)
+    assert output.shape == (7, 4, 8) and state[0].shape == (2, 4, 8)
+    context = hb.broadcast_to(state[0][-1], (7, 4, 8))
+    decoder = rnn.GRU(8, 2)
+    decoder.initialize()
+    out, _ = decoder(hb.concatenate((X, context), 2), state)
+    assert out.shape == (7, 4, 8)
 
 
 # --------------------------------------------------------------------- hybridized
