@@ -356,6 +356,30 @@ def test_cell_unroll_equals_the_layer(mode, layout):
     close(merged.asnumpy(), out.asnumpy())
 
 
+@pytest.mark.parametrize("mode", ["lstm", "rnn_relu"])
+def test_cell_unroll_gradients_equal_the_layers(mode):
+    """The cells add the h2h bias in the step; the layers fold it into the hoisted
+    projection: the gradients must not tell the two apart."""
+    layer, params = setup(mode, 4, 3, dtype="float64")
+    cell = cell_for(mode, 4, input_size=3, dtype="float64")
+    cell.initialize()
+    cell.load_dict({k[3:]: v for k, v in params.items()})
+    x = RNG.normal(size=(5, 2, 3))
+    wy = hb.array(RNG.normal(size=(5, 2, 4)), dtype="float64")
+    grads = []
+    for block, run in ((layer, lambda xs: layer(xs)),
+                       (cell, lambda xs: cell.unroll(5, xs, layout="TNC")[0])):
+        xs = hb.array(x, dtype="float64")
+        xs.attach_grad()
+        with autograd.record():
+            loss = (run(xs) * wy).sum()
+        loss.backward()
+        grads.append([xs.grad.asnumpy()] + [p.grad().asnumpy() for p in
+                                            block.collect_params().values()])
+    for a, b in zip(*grads):
+        close(a, b, rtol=1e-10, atol=1e-12)
+
+
 def test_sequential_cell_unroll_equals_a_two_layer_layer():
     layer, params = setup("lstm", 4, 3, num_layers=2)
     stack = rnn.SequentialRNNCell()
