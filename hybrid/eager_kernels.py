@@ -47,10 +47,8 @@ stats = {"compiles": 0, "native_calls": 0, "numpy_calls": 0, "failures": 0}
 def kernel_for(name, args, attrs, out_specs, fallback):
     """The eager kernel ``run(xp, args, attrs)`` for this signature: ``fallback`` (NumPy)
     unless ``name`` is one of COMPILED_OPS (HYBRID_EAGER_KERNELS is read at every call)."""
-    if name not in COMPILED_OPS:
-        if name not in LARGE_OPS or len(out_specs) != 1 or out_specs[0].dtype not in (
-                "float32", "float64") or math.prod(out_specs[0].shape) < LARGE_MIN:
-            return fallback
+    if name not in COMPILED_OPS and not _large(name, out_specs):
+        return fallback
     operands = []
     for a in args:
         shape = getattr(a, "shape", None)
@@ -58,6 +56,11 @@ def kernel_for(name, args, attrs, out_specs, fallback):
             return fallback  # a scalar operand: none of these ops takes one
         operands.append((tuple(shape), a._dtype))
     return CompiledKernel(name, operands, dict(attrs), out_specs, fallback)
+
+
+def _large(name, out_specs) -> bool:
+    return name in LARGE_OPS and len(out_specs) == 1 and out_specs[0].dtype in (
+        "float32", "float64") and math.prod(out_specs[0].shape) >= LARGE_MIN
 
 
 class CompiledKernel:
