@@ -43,8 +43,10 @@ def _truth(xp, v) -> bool:
 
 def run_control(xp, op, args, attrs, run_body, wanted=None):
     """The results of control op ``op`` on raw arrays. ``run_body(name, inputs) -> outputs``
-    runs the body attribute ``name``; ``wanted``: the result indices someone reads (None:
-    all), so an inference call never stacks the states a gradient would need."""
+    runs the body attribute ``name``; ``run_body(name, inputs, targets) -> bool`` runs it
+    writing its outputs into ``targets`` where it can (False: not run). ``wanted``: the
+    result indices someone reads (None: all), so an inference call never stacks the states
+    a gradient would need."""
     if op == "foreach":
         return _run_foreach(xp, args, attrs, run_body, wanted)
     if op == "while_loop":
@@ -56,10 +58,14 @@ def run_control(xp, op, args, attrs, run_body, wanted=None):
 
 
 def _run_foreach(xp, args, attrs, run_body, wanted):
+    """Each step writes into rows preallocated for all steps where the body's executable can
+    (``run_into``): its outputs into the rows of the stacked outputs, its new states into
+    the row of the states the next step starts from (kept for a gradient anyway) or else
+    into one of two buffers used in turn: no allocation and no copy per step."""
     body, nd, ns = attrs["body"], attrs["n_data"], attrs["n_states"]
     args = list(args)
     count = int(_host(xp, args.pop(0))) if attrs.get("counted") else None
-    seqs, states, caps = args[:nd], list(args[nd:nd + ns]), args[nd + ns:]
+    seqs, states, caps = args[:nd], list(args[nd:nd + ns]), list(args[nd + ns:])
     steps = seqs[0].shape[0]
     n = steps if count is None else max(0, min(count, steps))
     outs_spec = body.out_specs
@@ -68,14 +74,26 @@ def _run_foreach(xp, args, attrs, run_body, wanted):
     outs = [_zeros(xp, (steps,) + tuple(s.shape), s.dtype) for s in outs_spec[:n_out]]
     seq = [_zeros(xp, (steps,) + tuple(s.shape), s.dtype) for s in states] if keep_seq else \
         [None] * ns
-    for t in (reversed(range(n)) if attrs.get("reverse") else range(n)):
-        if keep_seq:
+    order = list(reversed(range(n)) if attrs.get("reverse") else range(n))
+    turns = [[xp.empty(s.shape, s.dtype) for s in states] for _ in range(2)]
+    for j, t in enumerate(order):
+        if keep_seq and j == 0:
             for k, s in enumerate(states):
                 seq[k][t] = s
-        res = run_body("body", [s[t] for s in seqs] + states + list(caps))
-        for k in range(n_out):
-            outs[k][t] = res[k]
-        states = list(res[n_out:])
+        # rows as views (x[t, ...] is a 0-d array where x[t] would be a NumPy scalar)
+        if keep_seq and j + 1 < len(order):  # the next step's starting states: its row
+            new = [seq[k][order[j + 1], ...] for k in range(ns)]
+        else:
+            new = list(turns[j % 2])
+        step_in = [s[t, ...] for s in seqs] + states + caps
+        targets = [outs[k][t, ...] for k in range(n_out)] + new
+        if not run_body("body", step_in, targets):
+            res = run_body("body", step_in)
+            for k in range(n_out + ns):
+                targets[k][...] = res[k]
+        states = new
+    if n and keep_seq:  # the final states are a row view: a result is an array of its own
+        states = [s.copy() for s in states]
     if not keep_seq:  # results nobody reads: empty stand-ins of the right type are enough
         seq = [_zeros(xp, (steps,) + tuple(s.shape), s.dtype) if steps == 0 else None
                for s in states]
@@ -110,7 +128,9 @@ def run_reference_control(xp, op, args, attrs):
 
     progs = {}
 
-    def run_body(name, inputs):
+    def run_body(name, inputs, targets=None):
+        if targets is not None:
+            return False
         if name not in progs:
             progs[name] = ReferenceProgram(attrs[name].graph)
         return progs[name](xp, inputs, [])
@@ -156,11 +176,17 @@ def compile_control(graph: Graph, backend: str, device, compile_body) -> Executa
         picks.append(graph.node(o)["attrs"]["index"])
     wanted = frozenset(picks)
 
+    into = {k: getattr(getattr(exe, "run", None), "run_into", None)
+            for k, exe in bodies.items()}
+
     def run(xp, inputs, params):
+        def run_body(name, vals, targets=None):
+            if targets is None:
+                return runs[name](xp, vals, [])
+            return into[name] is not None and into[name](xp, vals, targets)
         args = [inputs[i] if kind == "input" else params[i] if kind == "param"
                 else xp.asarray(i) for kind, i in sources]
-        res = run_control(xp, op, args, attrs,
-                          lambda name, vals: runs[name](xp, vals, []), wanted)
+        res = run_control(xp, op, args, attrs, run_body, wanted)
         return [res[k] for k in picks]
 
     report = {"control": op, "bodies": {k: exe.report for k, exe in bodies.items()},

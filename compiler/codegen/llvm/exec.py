@@ -129,6 +129,37 @@ class NativeRun:
                 self.lock.release()
         return outs if self.plain else gather_outputs(self.results, outs, inputs, params)
 
+    def run_into(self, xp, inputs, targets) -> bool:
+        """One call writing its outputs into ``targets`` (C-contiguous arrays of the output
+        types, or None for a fresh one), with no parameters: how a control-flow loop runs its
+        body each step, the rows of its stacked outputs and its state buffers as targets, so
+        a step allocates nothing. False (nothing run) unless every output is a slot of its
+        own and every target fits; the caller then runs it as usual."""
+        if not self.plain or len(targets) != len(self.outs) or self.params:
+            return False
+        for (pos, shape, dt, _), t in zip(self.outs, targets):
+            if t is not None and (type(t) is not np.ndarray or t.dtype != dt or
+                                  t.shape != shape or not t.flags.c_contiguous):
+                return False
+        with self.lock:
+            io = self.io
+            keep = []
+            for pos, i, shape, dt in self.inputs:
+                a = inputs[i]
+                if type(a) is not np.ndarray or a.dtype is not dt or a.shape != shape or \
+                        not a.flags.c_contiguous:
+                    a = self._prep(a, (shape, dt))
+                    keep.append(a)
+                io[pos] = data_address(a)
+            for (pos, shape, dt, _), k in zip(self.outs, range(len(targets))):
+                if targets[k] is None:
+                    targets[k] = np.empty(shape, dt)
+                io[pos] = data_address(targets[k])
+            for pos, src in self.aliases:
+                io[pos] = io[src]
+            self.cfunc(self._io_arg, self._arena_arg)
+        return True
+
     def _bind_params(self, params):
         """Point the io array at the parameters' data. The arrays are held (with any converted
         copy), so their memory stays valid while the pointers are in use, and an identity
