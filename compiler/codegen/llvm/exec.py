@@ -64,6 +64,11 @@ class NativeRun:
         self.results = binding.outputs
         self.plain = [tuple(r) for r in self.results] == [("slot", k)
                                                            for k in range(len(self.outs))]
+        # per graph output, its output slot, when each is a slot of its own (run_into)
+        kinds = [tuple(r) for r in self.results]
+        self._output_slots = [k for _, k in kinds] if all(
+            kind == "slot" for kind, _ in kinds) and len({k for _, k in kinds}) == len(kinds) \
+            else None
         self._held = ()
         self._held_list = None  # the params list last bound (a caller may reuse it)
         self._bound = []
@@ -135,9 +140,11 @@ class NativeRun:
         body each step, the rows of its stacked outputs and its state buffers as targets, so
         a step allocates nothing. False (nothing run) unless every output is a slot of its
         own and every target fits; the caller then runs it as usual."""
-        if not self.plain or len(targets) != len(self.outs) or self.params:
+        slots = self._output_slots
+        if slots is None or len(targets) != len(slots) or self.params:
             return False
-        for (pos, shape, dt, _), t in zip(self.outs, targets):
+        for k, t in zip(slots, targets):
+            _, shape, dt, _ = self.outs[k]
             if t is not None and (type(t) is not np.ndarray or t.dtype != dt or
                                   t.shape != shape or not t.flags.c_contiguous):
                 return False
@@ -151,10 +158,11 @@ class NativeRun:
                     a = self._prep(a, (shape, dt))
                     keep.append(a)
                 io[pos] = data_address(a)
-            for (pos, shape, dt, _), k in zip(self.outs, range(len(targets))):
-                if targets[k] is None:
-                    targets[k] = np.empty(shape, dt)
-                io[pos] = data_address(targets[k])
+            for i, k in enumerate(slots):
+                pos, shape, dt, _ = self.outs[k]
+                if targets[i] is None:
+                    targets[i] = np.empty(shape, dt)
+                io[pos] = data_address(targets[i])
             for pos, src in self.aliases:
                 io[pos] = io[src]
             self.cfunc(self._io_arg, self._arena_arg)
