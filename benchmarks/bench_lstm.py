@@ -3,7 +3,8 @@
     python benchmarks/bench_lstm.py                      # --steps, --reps, --lengths to size it
     python benchmarks/bench_lstm.py --torch-python /work/venv-torch/bin/python
 
-The model: Embedding(1000 -> 128), one LSTM layer of 256, Dense(256 -> 1000) on every step;
+The model: Embedding(1000 -> 128), one LSTM layer of 256, Dense(256 -> 1000) on every step
+(the outputs reshaped to (T*N, 256) first, as the book's RNNModel does);
 35 steps, batch 32; softmax cross-entropy (the mean over all T*N tokens); SGD, lr 0.1. One
 training step = forward + loss + backward + update. Measured:
 
@@ -86,10 +87,11 @@ def run_hybrid(data, hybridized, args):
             super().__init__()
             self.embedding = nn.Embedding(VOCAB, EMBED)
             self.lstm = gluon.rnn.LSTM(HIDDEN, input_size=EMBED)
-            self.dense = nn.Dense(VOCAB, flatten=False, in_units=HIDDEN)
+            self.dense = nn.Dense(VOCAB, in_units=HIDDEN)
 
-        def forward(self, tokens):  # (T, N) -> logits (T, N, V)
-            return self.dense(self.lstm(self.embedding(tokens)))
+        def forward(self, tokens):  # (T, N) -> logits (T*N, V), as the book's RNNModel
+            y = self.lstm(self.embedding(tokens))
+            return self.dense(y.reshape((-1, HIDDEN)))
 
     net = LanguageModel()
     net.initialize()
@@ -106,7 +108,7 @@ def run_hybrid(data, hybridized, args):
     def step(t=STEPS):
         x, y = batches[t]
         with autograd.record():
-            l = loss_fn(net(x), y).mean()
+            l = loss_fn(net(x), y.reshape((-1,))).mean()
         l.backward()
         trainer.step(1)  # the loss is already the mean over all tokens
         return l
@@ -135,7 +137,7 @@ def run_torch(data, compiled, args):
             self.dense = torch.nn.Linear(HIDDEN, VOCAB)
 
         def forward(self, tokens):
-            return self.dense(self.lstm(self.embedding(tokens))[0])
+            return self.dense(self.lstm(self.embedding(tokens))[0].reshape(-1, HIDDEN))
 
     model = LanguageModel()
     names = {"embedding.weight": "embedding.weight", "lstm.weight_ih_l0": "lstm.l0_i2h_weight",
@@ -150,7 +152,7 @@ def run_torch(data, compiled, args):
 
     def step():
         opt.zero_grad(set_to_none=True)
-        l = lossf(fwd(x).reshape(-1, VOCAB), y.reshape(-1))
+        l = lossf(fwd(x), y.reshape(-1))
         l.backward()
         opt.step()
         return l
