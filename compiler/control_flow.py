@@ -16,6 +16,8 @@ branches' VJPs, so only the branch taken is differentiated.
 """
 from __future__ import annotations
 
+import collections
+
 import numpy as np
 
 from runtime.executable import Executable
@@ -150,13 +152,34 @@ def is_control_part(graph: Graph) -> bool:
         all(graph.op(o) == "nth" for o in graph.outputs)
 
 
-def compile_control(graph: Graph, backend: str, device, compile_body) -> Executable:
+# compiled bodies by (content, backend, device): a body does not depend on the number of
+# steps, so every sequence length (each its own outer graph) shares one body executable
+_BODIES: collections.OrderedDict = collections.OrderedDict()
+_BODIES_MAX = 64
+
+
+def _compiled_body(body: Body, backend, device, compile_body):
+    key = (body, backend, str(device))
+    exe = _BODIES.get(key)
+    if exe is None:
+        exe = _BODIES[key] = compile_body(body.graph)
+        if len(_BODIES) > _BODIES_MAX:
+            _BODIES.popitem(last=False)
+    else:
+        _BODIES.move_to_end(key)
+    return exe
+
+
+def compile_control(graph: Graph, backend: str, device, compile_body,
+                    shared: bool = True) -> Executable:
     """The executable of a control part: its bodies compiled by ``compile_body(graph)`` (the
-    same backend and device), run by the op's loop runner."""
+    same backend and device), run by the op's loop runner; ``shared``: bodies compiled
+    before (the default pass list) are reused."""
     (node,) = [n for n in graph.g.nodes if graph.op(n) in CONTROL_OPS]
     d = graph.node(node)
     op, attrs = d["op"], d["attrs"]
-    bodies = {k: compile_body(v.graph) for k, v in attrs.items() if isinstance(v, Body)}
+    bodies = {k: _compiled_body(v, backend, device, compile_body) if shared
+              else compile_body(v.graph) for k, v in attrs.items() if isinstance(v, Body)}
     # a body holding control flow itself is parts: run in order within the loop's step
     runs = {k: exe.run if isinstance(exe, Executable) else exe.run_in_order
             for k, exe in bodies.items()}

@@ -76,7 +76,8 @@ def compile(graph: Graph, backend: str = "reference", device=None, passes=None):
         graph.remove_dead()
         if is_control_part(graph):
             return compile_control(graph, backend, device,
-                                   lambda body: compile(body, backend, device, passes))
+                                   lambda body: compile(body, backend, device, passes),
+                                   shared=passes is None)
         if has_control(graph):
             return _compile_parts(graph, backend, device, passes)
     if len(devices_of(graph)) > 1 or (device is not None and
