@@ -492,6 +492,7 @@ class CachedFunction:
             reason = _why_retrace(list(self.entries), sig)
             self.retraces.append((reason, sig))
             _log_re.info("%s: re-tracing because %s", self.name, reason)
+            _warn_retraces(self, reason)
         device = leaves[0].device if leaves else cpu(0)
         t0 = time.perf_counter()
         names = {}
@@ -555,6 +556,29 @@ def _sources(g, nid):
     up = nx.ancestors(g.g, nid) | {nid}
     return (tuple(i for i, n in enumerate(g.inputs) if n in up),
             tuple(i for i, n in enumerate(g.params) if n in up))
+
+
+RETRACE_WARN = 8  # signatures one block compiles before the one-time warning says why
+
+
+def _warn_retraces(cf, reason):
+    """Once per block: it is compiling its RETRACE_WARN-th input signature; say what keeps
+    changing and what to do (every re-trace is on HYBRID_LOG=recompiles)."""
+    n = len(cf.entries) + 1
+    if n < RETRACE_WARN or getattr(cf, "_retrace_warned", False):
+        return
+    cf._retrace_warned = True
+    recent = [r for r, _ in cf.retraces[-(RETRACE_WARN - 1):]]
+    if recent and all("changed shape" in r for r in recent):
+        fix = ("a new batch size or sequence length traces and compiles again: feed a few "
+               "fixed sizes (pad the last batch, bucket sequence lengths), or keep the block "
+               "un-hybridized while sizes vary")
+    else:
+        fix = "keep the arguments' dtypes, devices, structure and train/predict mode steady"
+    import warnings  # noqa: PLC0415 - once per process at most
+    warnings.warn(f"{cf.name}: hybridized block re-traced {n - 1} times ({n} compiled "
+                  f"signatures; the last because {reason}): {fix}. HYBRID_LOG=recompiles "
+                  "names every re-trace.", RuntimeWarning, stacklevel=5)
 
 
 def _why_retrace(old_sigs, sig) -> str:

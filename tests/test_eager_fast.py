@@ -248,3 +248,23 @@ def test_extern_key_is_the_emitters_own():
     list extern.py's emitters are built from."""
     from compiler.codegen.llvm import emit, extern
     assert emit.extern_key() == extern.extern_key()
+
+
+# ------------------------------------------------------------------ re-traces
+def test_block_retracing_again_and_again_warns_once():
+    import warnings
+
+    from hybrid import tracing
+
+    net = hb.nn.HybridSequential()
+    net.add(hb.nn.Dense(4))
+    net.initialize()
+    net.hybridize(backend="reference")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for batch in range(1, tracing.RETRACE_WARN + 4):
+            net(hb.ones((batch, 3))).wait_to_read()
+    mine = [w for w in seen if "re-traced" in str(w.message)]
+    assert len(mine) == 1, [str(w.message) for w in seen]
+    text = str(mine[0].message)
+    assert "changed shape" in text and "batch size" in text
