@@ -448,8 +448,6 @@ def _eager(name, args, attrs):
     op = _get_op(name)
     device = None
     key = [name]
-    bufs = []
-    reads = []
     vals = []  # the operands' data: an op whose inputs are all computed may run right here
     ready = True
     for a in args:
@@ -462,17 +460,12 @@ def _eager(name, args, attrs):
                     f"{name}: arguments are on different devices ({device} and {d}); "
                     f"move one with .copyto(device) or .to(device) "
                     f"(at {_fmt(user_frame())})")
-            b = a._buf
-            bufs.append(b)
-            reads.append(b.var)
-            data = b.data
+            data = a._buf.data
             if data is None:
                 ready = False
             vals.append(data)
-            key.append(a.shape)
-            key.append(a._dtype)
+            key += a.shape, a._dtype
         elif is_scalar(a):
-            bufs.append(a)
             vals.append(a)
             # Type rules see a scalar's kind only (weak typing); other kinds key on the value,
             # and so does an integer that does not fit every integer dtype (0..127 fit all):
@@ -540,6 +533,9 @@ def _eager(name, args, attrs):
                 if _local.recording:
                     _record(name, args, attrs, list(outs))
                 return outs
+    # the engine's path: the operands' buffers (read when the op runs) and their Vars
+    bufs = [a._buf if isinstance(a, NDArray) else a for a in args]
+    reads = [b.var for b in bufs if isinstance(b, Buffer)]
     if len(specs) == 1:
         s = specs[0]
         out = NDArray(Buffer(), s.shape, s.dtype, device)
