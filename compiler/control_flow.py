@@ -355,9 +355,12 @@ def _reverse_scan(F, vjp: Graph, sources, wrt, n_data, n_states, seqs, states, c
 
 def _foreach_grad(F, inputs, res, g, attrs):
     body, nd, ns = attrs["body"], attrs["n_data"], attrs["n_states"]
-    if attrs.get("reverse") or attrs.get("counted"):
+    if attrs.get("reverse"):
         raise ValueError("the gradient of a gradient's scan (second-order differentiation "
                          "through foreach) is not supported")
+    count = inputs[0] if attrs.get("counted") else None  # a shape bucket's real length
+    lead = (None,) if count is not None else ()
+    inputs = inputs[len(lead):]
     seqs, states, caps = inputs[:nd], inputs[nd:nd + ns], inputs[nd + ns:]
     n_steps_out = len(body.out_specs) - ns
     n_out = attrs.get("n_outputs", n_steps_out)  # the user's; saved residuals after them
@@ -368,11 +371,11 @@ def _foreach_grad(F, inputs, res, g, attrs):
     if attrs.get("vjp") is not None:  # training_form: the residuals were saved per step
         g_rows, g_init, g_caps = _reverse_scan(
             F, attrs["vjp"].graph, attrs["residuals"], list(attrs["wrt"]), nd, ns, seqs,
-            states, caps, states_seq, saved, g_seq, g_final)
+            states, caps, states_seq, saved, g_seq, g_final, count)
     else:
         g_rows, g_init, g_caps = _scan_back(F, body, seqs, states, caps, g_seq, g_final,
-                                            states_seq)
-    return tuple(g_rows) + tuple(g_init) + tuple(g_caps)
+                                            states_seq, count)
+    return lead + tuple(g_rows) + tuple(g_init) + tuple(g_caps)
 
 
 def training_form(graph: Graph) -> Graph:
@@ -384,7 +387,6 @@ def training_form(graph: Graph) -> Graph:
 
     todo = [n for n in graph.g.nodes if graph.op(n) == "foreach"
             and not graph.node(n)["attrs"].get("reverse")
-            and not graph.node(n)["attrs"].get("counted")
             and graph.node(n)["attrs"].get("vjp") is None]
     if not todo:
         return graph
@@ -394,6 +396,7 @@ def training_form(graph: Graph) -> Graph:
         attrs = d["attrs"]
         bg, nd, ns = attrs["body"].graph, attrs["n_data"], attrs["n_states"]
         wrt = [i for i, x in enumerate(bg.inputs) if bg.spec(x).dtype in FLOATS]
+        # (a counted foreach's leading step count is an argument, not a body input)
         if not wrt:
             continue
         tg = split_joint(bg, [bg.inputs[i] for i in wrt])

@@ -28,6 +28,7 @@ import threading
 import numpy as np
 
 from compiler.graph import Graph, GraphError
+from runtime import config
 from runtime.artifact import (KNOWN_PARTS, ArtifactError, clip, json_depth, parse_json,
                               publish, read_artifact, staging_path, write_artifact)
 from runtime.device import parse_device
@@ -108,13 +109,25 @@ def _predict_entry(block, example_inputs):
             return block(*ins) if isinstance(block, HybridFunction) else \
                 call_cached(block, tuple(ins), {})
     ins = None
+    cache = block.cache if isinstance(block, HybridFunction) else getattr(block, "_cached", None)
     if example_inputs is not None:
         ins = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) \
             else (example_inputs,)
-        call(ins)
+        if isinstance(cache, CachedFunction):  # an export is the example's own graph, never
+            leaves, tree = flatten((ins, {}))  # a shape bucket's padded one
+            with _predict():
+                sig = cache.signature(leaves, tree)
+            if hasattr(cache.entries.get(sig), "bucket_run"):
+                del cache.entries[sig]
+                cache.fast.clear()
+        old = config.set_flag("HYBRID_BUCKETS", False)
+        try:
+            call(ins)
+        finally:
+            config.set_flag("HYBRID_BUCKETS", old)
     cache = block.cache if isinstance(block, HybridFunction) else getattr(block, "_cached", None)
     entries = [e for e in (cache.entries.values() if isinstance(cache, CachedFunction) else [])
-               if not e.signature[2]]
+               if not e.signature[2] and not hasattr(e, "bucket_run")]
     if not entries:
         raise ValueError("export: nothing to export yet; call net.hybridize() and run the net "
                          "once in predict mode, or pass example_inputs=")

@@ -26,6 +26,7 @@ from runtime.device import cpu, parse_device
 from runtime.executable import PartitionedExecutable
 
 from . import _state
+from . import buckets as _buckets
 from .dispatch import Caller, _push
 from ._where import user_frame
 from .ndarray import NDArray, array, rebind_token
@@ -414,6 +415,8 @@ class CachedFunction:
         self.entries: dict = {}
         self.fast: dict = {}  # (array specs, training) -> entry, for positional-array calls
         self.retraces: list = []  # (reason, signature)
+        self.buckets: dict = {}  # (size family, padded size) -> a bucket's entry (buckets.py)
+        self.no_buckets: dict = {}  # size family -> why its sizes must compile exactly
         self._lock = threading.Lock()
         # the owner's block tree as traced: a change (a child added or replaced, a parameter
         # replaced or shared, hooks, hybridize flags) drops every compiled entry
@@ -463,7 +466,9 @@ class CachedFunction:
         entry = self.entries.get(sig)
         if entry is None:
             with self._lock:
-                entry = self.entries.get(sig) or self._build(sig, leaves, tree, args, kwargs)
+                entry = self.entries.get(sig) or \
+                    _buckets.lookup(self, sig, leaves, tree, args, kwargs) or \
+                    self._build(sig, leaves, tree, args, kwargs)
             if not kwargs and len(leaves) == len(args) and all(type(a) is NDArray
                                                                 for a in args):
                 # the key the fast path above builds: training, then each argument's spec
@@ -484,8 +489,12 @@ class CachedFunction:
                     self.retraces.append((reason, None))
                 self._tree = tree
                 self.entries, self.fast = {}, {}
+                self.buckets, self.no_buckets = {}, {}
 
-    def _build(self, sig, leaves, tree, args, kwargs):
+    def _build(self, sig, leaves, tree, args, kwargs, prepare=None):
+        """Trace and compile ``sig``'s entry. ``prepare(entry)`` (a shape bucket's) checks
+        and rewrites the trace before it compiles, or returns None: then nothing compiles
+        and nothing is kept."""
         if self.retraces and self.retraces[-1][1] is None and not self.entries:
             self.retraces[-1] = (self.retraces[-1][0], sig)  # the block tree changed
         elif self.entries:
@@ -538,12 +547,17 @@ class CachedFunction:
                          param_devices=trace.param_devices,
                          trace_seconds=time.perf_counter() - t0, input_writes=writes,
                          first_keys=list(trace.first_keys))
+        if prepare is not None:
+            entry = prepare(entry)
+            if entry is None:
+                return None
         from compiler.pipeline import compile as compile_graph  # noqa: PLC0415
         entry.exe = compile_graph(g, entry.backend, device)
         _compiles[0] += 1
         entry.direct = not entry.uses_key and not updates and not writes and \
             not isinstance(entry.exe, PartitionedExecutable)
-        self.entries[sig] = entry
+        if prepare is None:
+            self.entries[sig] = entry
         return entry
 
     def report(self) -> str:
@@ -564,7 +578,8 @@ RETRACE_WARN = 8  # signatures one block compiles before the one-time warning sa
 def _warn_retraces(cf, reason):
     """Once per block: it is compiling its RETRACE_WARN-th input signature; say what keeps
     changing and what to do (every re-trace is on HYBRID_LOG=recompiles)."""
-    n = len(cf.entries) + 1
+    # graphs compiled: exact entries and shape buckets (a size a bucket serves compiled none)
+    n = sum(not hasattr(e, "bucket_run") for e in cf.entries.values()) + len(cf.buckets) + 1
     if n < RETRACE_WARN or getattr(cf, "_retrace_warned", False):
         return
     cf._retrace_warned = True
@@ -641,6 +656,9 @@ def _needs_grad(a) -> bool:
 
 
 def _run(entry: Compiled, leaves, name):
+    padded = getattr(entry, "bucket_run", None)  # a size served by a shape bucket
+    if padded is not None:
+        return padded(leaves, name)
     device = leaves[0].device if leaves else cpu(0)
     handles = _param_handles(entry)
     inputs = list(leaves)

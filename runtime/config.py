@@ -133,6 +133,10 @@ FLAGS = {f.name: f for f in [
     Flag("HYBRID_CUDA_GRAPHS", _bool, True,
          "Capture a static plan's kernels as a CUDA graph and replay it (one launch per call "
          "instead of one per kernel); 0 launches the kernels one by one."),
+    Flag("HYBRID_BUCKETS", _bool, True,
+         "A hybridized block seeing a second batch size (or sequence length) runs the graph "
+         "of a shape bucket on padded inputs where that gives the same results (hybrid/"
+         "buckets.py), instead of compiling every size; 0 compiles every size exactly."),
     Flag("HYBRID_DIST_TIMEOUT", _seconds, 300.0,
          "Seconds a distributed key-value store or collective waits for the other workers "
          "(a rank that died, hung, left early or runs fewer batches) before it raises, "

@@ -101,7 +101,9 @@ def exported_models(tmp_path_factory):
         hb.random.seed(1)
         net = mod.Deployable(name)
         net.initialize(init.Xavier())
-        net.hybridize(backend="reference")
+        # static_shape: x2 runs its own graph, as the artifact does (a shape bucket would
+        # pad it, which may change the last bits: tests/test_buckets.py)
+        net.hybridize(backend="reference", static_shape=True)
         x = hb.array(rng.standard_normal(shape).astype(np.float32))
         net(x)  # deferred init
         net.export(out / name, example_inputs=(x,))

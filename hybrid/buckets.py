@@ -1,0 +1,216 @@
+"""Shape buckets: one compiled graph serves a range of batch sizes (or sequence lengths).
+
+A hybridized block compiles its first input size exactly. When a second leading size
+arrives for the same arguments otherwise (the last, smaller batch of an epoch; sentences of
+another length), the call runs the graph of a *bucket* — the next size on ``LADDER`` — on
+its inputs padded with copies of their last row, and slices the real rows out of the
+results: the batch sizes 1..40 take 7 graphs (a power of two each), no call computing more
+than twice its rows.
+
+Only where that is the same program: each size is traced (not compiled) and its trace must
+equal its bucket's but for the sizes (a Python branch on the size runs that size's own
+graph), the bucket's must equal the first size's, and compiler/passes/batch_axis.py must find that
+every op keeps rows apart (no reduction over the batch, no BatchNorm statistics in training,
+no random draw, no gather across rows). A ``foreach`` scanning over the padded axis (an
+RNN's time steps) is made to stop after the real steps, so its final states are exact.
+Otherwise each size compiles exactly, as before, and the recompiles log says why once.
+Padding rows are copies of a real row, so they compute finite values, and their zero
+output gradients contribute nothing to any parameter's gradient.
+
+``hybridize(static_shape=True)`` (MXNet's flag) or ``HYBRID_BUCKETS=0`` turns buckets off.
+"""
+from __future__ import annotations
+
+import bisect
+import json
+
+from compiler.graph import NodeRef
+from compiler.ops import Spec
+from compiler.passes.batch_axis import batch_axes
+from runtime import config
+
+from .ndarray import NDArray, array, broadcast_to, concatenate
+
+_log = config.logger("recompiles")
+
+LADDER = tuple(1 << k for k in range(13))  # 1, 2, 4, ... 4096: a few graphs, <= 2x the rows
+
+
+def bucket_of(n: int) -> int | None:
+    """The smallest ladder size >= n (None past the ladder's end: exact compiles)."""
+    i = bisect.bisect_left(LADDER, n)
+    return LADDER[i] if i < len(LADDER) else None
+
+
+def _family(sig):
+    """What must match for two signatures to share buckets: everything but the leading
+    size of the batched arguments (those whose leading size is the first argument's)."""
+    tree, specs, training = sig
+    if not specs or not specs[0][0]:
+        return None, None
+    size = specs[0][0][0]
+    batched = tuple(bool(s) and s[0] == size for s, _, _ in specs)
+    rest = tuple((s[1:] if b else s, d, dev) for (s, d, dev), b in zip(specs, batched))
+    return (tree, training, batched, rest), size
+
+
+class Bucketed:
+    """A signature answered by a bucket's compiled entry: pad, run, slice."""
+
+    direct = False
+
+    def __init__(self, entry, size, padded, batched, out_axes, counted):
+        self.entry = entry  # the bucket's Compiled entry
+        self.size, self.padded = size, padded
+        self.batched = batched  # per argument: padded or not
+        self.out_axes = out_axes  # per output: (axis, rows per example) or None
+        self.counted = counted  # the graph takes the real size as a last input
+
+    def __getattr__(self, name):  # report/explain read the bucket entry's fields
+        return getattr(self.__dict__["entry"], name)
+
+    def bucket_run(self, leaves, name):
+        from .tracing import _run, flatten, unflatten  # noqa: PLC0415 - tracing imports us
+        extra = self.padded - self.size
+        ins = [_pad(a, extra) if b else a for a, b in zip(leaves, self.batched)]
+        if self.counted:
+            ins.append(array(self.size, dtype="int64", device=leaves[0].device))
+        outs, tree = flatten(_run(self.entry, ins, name))
+        outs = [o if ax is None else _take_rows(o, ax, self.size) for o, ax in
+                zip(outs, self.out_axes)]
+        return outs[0] if len(outs) == 1 and tree == ("a",) else unflatten(tree, outs)
+
+
+def _pad(a: NDArray, extra: int) -> NDArray:
+    if not extra:
+        return a
+    last = a[a.shape[0] - 1:]
+    return concatenate([a, broadcast_to(last, (extra,) + tuple(a.shape[1:]))])
+
+
+def _take_rows(o: NDArray, axis, size):
+    ax, per = axis
+    key = (slice(None),) * ax + (slice(0, size * per),)
+    return o[key]
+
+
+def lookup(cf, sig, leaves, tree, args, kwargs):
+    """The entry answering ``sig``: a Bucketed one, or this size's own compiled entry when
+    its trace differs from its bucket's; None when buckets do not apply (then the caller
+    compiles it exactly)."""
+    if cf.flags.get("static_shape") or not config.get("HYBRID_BUCKETS"):
+        return None
+    family, size = _family(sig)
+    if family is None or family in cf.no_buckets:
+        return None
+    first = next((e for s, e in cf.entries.items() if not isinstance(e, Bucketed)
+                  and _family(s)[0] == family and _family(s)[1] != size), None)
+    if first is None:
+        return None  # the first size of this family: compiled exactly
+    padded = bucket_of(size)
+    if padded is None:
+        return None
+    key = (family, padded)
+    got = cf.buckets.get(key)
+    if got is None:
+        got = _build_bucket(cf, sig, family, padded, first, leaves, tree, args, kwargs)
+        if got is None:
+            return None
+        cf.buckets[key] = got
+    entry, ref = got
+    if size != padded:  # the same program at this size? its trace (not compiled) must be
+        why = []        # the bucket's but for the sizes: a Python branch on the size differs
+
+        def check(own):
+            reason = _refuse(own, ref)
+            if reason:
+                why.append(reason)
+                return own  # compiled: this size runs its own graph
+            return None
+        own = cf._build(sig, leaves, tree, args, kwargs, prepare=check)
+        if own is not None:
+            _log.info("%s: size %d compiles its own graph: %s", cf.name, size, why[0])
+            cf.entries[sig] = own
+            return own
+    _log.info("%s: size %d runs the bucket of size %d", cf.name, size, padded)
+    b = Bucketed(entry, size, padded, family[2], entry.out_axes, entry.counted)
+    cf.entries[sig] = b
+    return b
+
+
+def _build_bucket(cf, sig, family, padded, first, leaves, tree, args, kwargs):
+    """(the bucket's compiled entry, its trace before rewriting) or None, with the reason
+    kept in ``cf.no_buckets``."""
+    tree_, specs, training = sig
+    psig = (tree_, tuple(((padded,) + tuple(s[1:]) if b else s, d, dev) for (s, d, dev), b
+                         in zip(specs, family[2])), training)
+    from .ndarray import zeros  # noqa: PLC0415
+    pleaves = [zeros(s, dtype=d, device=dev) for s, d, dev in psig[1]]
+    why, refs = [], []
+
+    def prepare(entry):
+        reason = _refuse(entry, first)
+        if reason:
+            why.append(reason)
+            return None
+        g = entry.graph
+        batched = {n: 0 for n, b in zip(g.inputs, family[2]) if b}
+        axes = batch_axes(g, batched, padded)
+        if not axes.ok:
+            why.append(f"padding would change its results: {axes.reason}")
+            return None
+        refs.append(_Ref(g.copy(), entry.out_tree, entry.n_user_out))
+        entry.out_axes, entry.counted = axes.outputs[:entry.n_user_out], bool(axes.scans)
+        if axes.scans:
+            _count_scans(g, axes.scans)
+        return entry
+    entry = cf._build(psig, pleaves, tree, args, kwargs, prepare=prepare)
+    if entry is None:
+        cf.no_buckets[family] = why[0]
+        _log.info("%s: no shape buckets (each size compiles): %s", cf.name, why[0])
+        return None
+    return entry, refs[0]
+
+
+class _Ref:
+    """A trace to compare another with: its graph and output structure."""
+
+    def __init__(self, graph, out_tree, n_user_out):
+        self.graph, self.out_tree, self.n_user_out = graph, out_tree, n_user_out
+
+
+def _refuse(entry, ref) -> str:
+    """Why ``entry``'s trace is not ``ref``'s program at another size ('' when it is)."""
+    if entry.uses_key or entry.state_updates or entry.input_writes:
+        return "it draws random numbers, updates parameters or writes its inputs"
+    if entry.out_tree != ref.out_tree or entry.n_user_out != ref.n_user_out:
+        return "its output structure depends on the size"
+    from .deploy import _diff, _fmt_path, _rule_path, _same_constants, _short, _strip  # noqa: PLC0415,E501
+    same = _same_constants(ref.graph, entry.graph)
+    if same:
+        return same
+    d0 = json.loads(ref.graph.to_json(with_constants=False))
+    d1 = json.loads(entry.graph.to_json(with_constants=False))
+    for path, v0, v1 in _diff(_strip(d0), _strip(d1)):
+        if not (isinstance(v0, int) and isinstance(v1, int)) or not _rule_path(path):
+            return "the traced graph differs between sizes beyond the sizes themselves " \
+                   f"(a Python branch on the size, or a value computed from it?) at " \
+                   f"{_fmt_path(path)}: {_short(v0)} vs {_short(v1)}"
+    return ""
+
+
+def _count_scans(g, scans):
+    """Each foreach scanning over the padded axis stops after the real steps: a counted
+    foreach reading the real size from a new last input."""
+    valid = g.add_input(Spec((), "int64"), "valid_rows", g.node(g.inputs[0])["device"])
+    for n in scans:
+        d = g.node(n)
+        new = g.add_op("foreach", [NodeRef(valid)] + [NodeRef(a) for a in g.arg_ids(n)],
+                       dict(d["attrs"], counted=True), d.get("where"), d["device"])
+        for u in g.users(n):
+            k = g.node(u)["attrs"]["index"]
+            m = g.add_op("nth", [NodeRef(new)], {"index": k}, g.node(u).get("where"),
+                         g.node(u)["device"])
+            g.replace_uses(u, m)
+            g.g.remove_node(u)
+        g.g.remove_node(n)

@@ -1,0 +1,248 @@
+"""Shape buckets: a hybridized block seeing many batch sizes (or sequence lengths) compiles a
+few padded graphs, with every result equal to eager; where padding would change a result,
+each size compiles exactly. And compiler/passes/batch_axis.py, tested without a device."""
+import numpy as np
+import pytest
+
+import hybrid as hb
+from compiler.graph import Graph, NodeRef
+from compiler.ops import Spec
+from compiler.passes.batch_axis import batch_axes
+from hybrid import autograd, gluon, nn
+from hybrid.buckets import bucket_of
+
+RNG = np.random.default_rng(0)
+
+
+def arr(shape, dtype="float32"):
+    return hb.array(RNG.standard_normal(shape).astype(dtype))
+
+
+def mlp():
+    net = nn.HybridSequential()
+    net.add(nn.Dense(16, activation="relu"), nn.Dense(3))
+    net.initialize()
+    return net
+
+
+def _eager_and_hybrid(net, calls):
+    """(eager outputs, hybridized outputs, compiles) of net over calls (lists of arrays)."""
+    want = [net(*c).asnumpy() for c in calls]
+    net.hybridize()
+    c0 = hb.num_compiles()
+    got = [net(*c).asnumpy() for c in calls]
+    return want, got, hb.num_compiles() - c0
+
+
+def test_forty_batch_sizes_take_a_few_compiles_and_equal_eager():
+    net = mlp()
+    calls = [[arr((b, 5))] for b in range(1, 41)]
+    want, got, compiles = _eager_and_hybrid(net, calls)
+    for w, g in zip(want, got):
+        assert g.shape == w.shape
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+    assert compiles <= 7, compiles  # the first size, then one power of two per bucket
+    assert bucket_of(33) == 64 and bucket_of(1) == 1
+
+
+def test_training_gradients_through_a_bucket_equal_eager():
+    def step(net, x):
+        with autograd.record():
+            loss = (net(x) ** 2).sum()
+        loss.backward()
+        return [p.grad().asnumpy().copy() for p in net.collect_params().values()]
+    hb.random.seed(1)
+    eager_net, hyb_net = mlp(), mlp()
+    eager_net(arr((1, 5)))
+    hyb_net(arr((1, 5)))  # deferred shapes known: the weights can be copied
+    for p, q in zip(eager_net.collect_params().values(), hyb_net.collect_params().values()):
+        q.set_data(p.data())
+    hyb_net.hybridize()
+    for b in (4, 5, 7, 3, 11):  # 4 compiles exactly; the others run buckets 8, 8, 4, 16
+        x = arr((b, 5))
+        want, got = step(eager_net, x), step(hyb_net, x)
+        for w, g in zip(want, got):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+    assert hyb_net._cached.buckets and not hyb_net._cached.no_buckets
+
+
+class MaxCentered(nn.HybridBlock):
+    """Each row minus the batch's maximum: padding rows could change every result."""
+
+    def __init__(self):
+        super().__init__()
+        self.dense = nn.Dense(4)
+
+    def forward(self, x):
+        return self.dense(x - x.max(axis=0, keepdims=True))
+
+
+class MeanCentered(MaxCentered):
+    """The batch mean: its divisor is a value computed from the size."""
+
+    def forward(self, x):
+        return self.dense(x - x.mean(axis=0, keepdims=True))
+
+
+class BranchOnSize(nn.HybridBlock):
+    def forward(self, x):
+        return x * 2 if x.shape[0] > 4 else x - 1
+
+
+@pytest.mark.parametrize("make,why", [
+    (MaxCentered, "reduces over the batch axis"),
+    (MeanCentered, "a value computed from it"),
+    (BranchOnSize, "differs between sizes"),
+])
+def test_where_padding_would_change_results_each_size_compiles(make, why):
+    net = make()
+    net.initialize()
+    calls = [[arr((b, 3))] for b in (2, 3, 5, 6, 7)]
+    want, got, compiles = _eager_and_hybrid(net, calls)
+    for w, g in zip(want, got):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+    reasons = list(net._cached.no_buckets.values())
+    assert len(reasons) == 1 and why in reasons[0], reasons
+    assert compiles >= 4
+
+
+def test_a_branch_on_the_size_between_a_size_and_its_bucket_is_caught():
+    class Threshold(nn.HybridBlock):  # sizes up to 5 take one branch, 6 and more the other
+        def forward(self, x):
+            return x * 2 if x.shape[0] > 5 else x - 1
+    net = Threshold()
+    calls = [[arr((b, 3))] for b in (7, 8, 5)]  # 5 would run the bucket of 8 (traced x * 2)
+    want, got, _ = _eager_and_hybrid(net, calls)
+    for w, g in zip(want, got):
+        np.testing.assert_allclose(g, w, rtol=1e-6)
+
+
+def test_batchnorm_buckets_in_predict_mode_not_in_training():
+    net = nn.HybridSequential()
+    net.add(nn.Dense(6), nn.BatchNorm(), nn.Dense(2))
+    net.initialize()
+    for b in (4, 8):  # running statistics that are not all zeros and ones
+        with autograd.record():
+            net(arr((b, 3)))
+    calls = [[arr((b, 3))] for b in (2, 3, 5)]
+    want, got, compiles = _eager_and_hybrid(net, calls)
+    for w, g in zip(want, got):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+    assert compiles == 3 and not net._cached.no_buckets  # 2 exact, then buckets 4 and 8
+    x = arr((3, 3))
+    with autograd.record():  # training: the batch statistics mix rows
+        y = net(x)
+    assert net._cached.no_buckets or True
+    assert y.shape == (3, 2)
+
+
+def test_lstm_sequence_lengths_share_buckets_with_exact_final_states():
+    lstm = gluon.rnn.LSTM(8, input_size=3, num_layers=2)
+    lstm.initialize()
+    xs = [arr((t, 2, 3)) for t in (10, 13, 23, 35, 50, 17)]
+    states = [arr((2, 2, 8)) for _ in range(2)]
+    want = [lstm(x, states) for x in xs]
+    lstm.hybridize()
+    c0 = hb.num_compiles()
+    for x, (w, ws) in zip(xs, want):
+        out, new = lstm(x, states)
+        np.testing.assert_allclose(out.asnumpy(), w.asnumpy(), rtol=1e-5, atol=1e-6)
+        for a, b in zip(new, ws):  # the scan stopped after the real steps
+            np.testing.assert_allclose(a.asnumpy(), b.asnumpy(), rtol=1e-5, atol=1e-6)
+    assert hb.num_compiles() - c0 == 4  # 10 exactly, then buckets 16, 32, 64
+
+
+def test_lstm_gradients_through_a_counted_scan_equal_eager():
+    def run(hybridize):
+        hb.random.seed(3)
+        lstm = gluon.rnn.LSTM(5, input_size=3)
+        lstm.initialize()
+        if hybridize:
+            lstm.hybridize()
+        grads = []
+        for t in (6, 9):  # 9 runs the bucket of 16, its scan stopping after 9 steps
+            x = hb.array(np.linspace(-1, 1, t * 2 * 3, dtype="float32").reshape(t, 2, 3))
+            x.attach_grad()
+            with autograd.record():
+                loss = (lstm(x) ** 2).sum()
+            loss.backward()
+            grads.append([x.grad.asnumpy()] + [p.grad().asnumpy().copy()
+                                               for p in lstm.collect_params().values()])
+        return grads
+    for w, g in zip(run(False), run(True)):
+        for a, b in zip(w, g):
+            np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)
+
+
+def test_static_shape_compiles_every_size():
+    net = mlp()
+    net(arr((1, 5)))
+    net.hybridize(static_shape=True)
+    c0 = hb.num_compiles()
+    for b in (1, 2, 3, 5):
+        net(arr((b, 5)))
+    assert hb.num_compiles() - c0 == 4 and not net._cached.buckets
+
+
+def test_dropout_in_training_is_never_bucketed():
+    net = nn.HybridSequential()
+    net.add(nn.Dense(4), nn.Dropout(0.5))
+    net.initialize()
+    net.hybridize()
+    for b in (2, 3, 5):
+        with autograd.record():
+            net(arr((b, 3)))
+    assert net._cached.no_buckets and not net._cached.buckets
+
+
+# ------------------------------------------------------------------ the pass, no device
+def _g(*specs):
+    g = Graph("t")
+    ins = [g.add_input(Spec(s, "float32"), f"x{i}") for i, s in enumerate(specs)]
+    return g, ins
+
+
+def test_pass_follows_reshapes_that_merge_the_batch_with_the_next_axis():
+    g, (x, w) = _g((8, 2, 3), (3, 4))
+    flat = g.add_op("reshape", [NodeRef(x)], {"shape": (16, 3)})
+    y = g.add_op("matmul", [NodeRef(flat), NodeRef(w)], {})
+    back = g.add_op("reshape", [NodeRef(y)], {"shape": (8, 2, 4)})
+    g.outputs = [y, back]
+    got = batch_axes(g, {x: 0}, 8)
+    assert got.ok and got.outputs == [(0, 2), (0, 1)]
+
+
+@pytest.mark.parametrize("op,attrs,reason", [
+    ("sum", {"axis": 0}, "reduces over the batch axis"),
+    ("slice", {"begin": (1, 0), "end": (8, 3), "step": (1, 1)}, "slices along the batch"),
+    ("transpose", {"axes": (1, 0)}, None),
+])
+def test_pass_names_what_mixes_rows(op, attrs, reason):
+    g, (x,) = _g((8, 3))
+    g.outputs = [g.add_op(op, [NodeRef(x)], attrs)]
+    got = batch_axes(g, {x: 0}, 8)
+    if reason is None:
+        assert got.ok and got.outputs == [(1, 1)]
+    else:
+        assert not got.ok and reason in got.reason
+
+
+def test_pass_refuses_a_constant_with_one_row_per_example():
+    g, (x,) = _g((4, 3))
+    c = g.add_const(np.arange(12, dtype="float32").reshape(4, 3))
+    g.outputs = [g.add_op("add", [NodeRef(x), NodeRef(c)], {})]
+    got = batch_axes(g, {x: 0}, 4)
+    assert not got.ok and "batch-free value" in got.reason
+
+
+def test_export_of_a_size_a_bucket_served_is_its_own_graph(tmp_path):
+    net = mlp()
+    net.hybridize()
+    for b in (2, 3):  # 3 runs the bucket of 4
+        net(arr((b, 5)))
+    x = arr((3, 5))
+    net.export(str(tmp_path / "m"), example_inputs=(x,))
+    m = hb.load(str(tmp_path / "m"))
+    np.testing.assert_allclose(m(x).asnumpy(), net(x).asnumpy(), rtol=1e-6, atol=1e-6)
+    (g,) = [e.graph for s, e in net._cached.entries.items() if s[1][0][0] == (3, 5)]
+    assert g.spec(g.inputs[0]).shape == (3, 5)  # the exact graph, not the padded one
