@@ -5,7 +5,9 @@ arrives for the same arguments otherwise (the last, smaller batch of an epoch; s
 another length), the call runs the graph of a *bucket* — the next size on ``LADDER`` — on
 its inputs padded with copies of their last row, and slices the real rows out of the
 results: the batch sizes 1..40 take 7 graphs (a power of two each), no call computing more
-than twice its rows.
+than twice its rows. Where a ``foreach`` scans the padded axis (an RNN's time steps) the
+bucket is at least ``SCAN_BUCKET`` steps: the loop runs the real steps only, so sequence
+lengths 10..50 share one bucket.
 
 Only where that is the same program: each size is traced (not compiled) and its trace must
 equal its bucket's but for the sizes (a Python branch on the size runs that size's own
@@ -34,6 +36,18 @@ from .ndarray import NDArray, array, broadcast_to, concatenate
 _log = config.logger("recompiles")
 
 LADDER = tuple(1 << k for k in range(13))  # 1, 2, 4, ... 4096: a few graphs, <= 2x the rows
+
+
+# a size family whose padded axis a foreach scans (an RNN's time steps): the loop runs the
+# real steps only, so one coarse bucket serves the usual sentence lengths
+SCAN_BUCKET = 64
+
+
+def _scans(first, family) -> bool:
+    g = first.graph
+    got = batch_axes(g, {n: 0 for n, b in zip(g.inputs, family[2]) if b},
+                     g.spec(g.inputs[0]).shape[0])
+    return got.ok and bool(got.scans)
 
 
 def bucket_of(n: int) -> int | None:
@@ -110,6 +124,8 @@ def lookup(cf, sig, leaves, tree, args, kwargs):
     padded = bucket_of(size)
     if padded is None:
         return None
+    if _scans(first, family):  # a scan stops after the real steps: padding costs little
+        padded = max(padded, SCAN_BUCKET)
     key = (family, padded)
     got = cf.buckets.get(key)
     if got is None:
