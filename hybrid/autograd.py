@@ -31,7 +31,8 @@ class _Node:
         for a in inputs:
             if isinstance(a, NDArray):
                 self.values.append(NDArray(a._buf, a.shape, a._dtype, a.device))
-                self.parents.append(a._node)
+                live = a._node is not None and not a._node[0].freed
+                self.parents.append(a._node if live else None)
                 self.leaves.append(a if a._grad_req != "null" and a._node is None else None)
             else:
                 self.values.append(a)
@@ -44,7 +45,13 @@ class _Node:
 
 
 def _needs_grad(a) -> bool:
-    return isinstance(a, NDArray) and (a._node is not None or a._grad_req != "null")
+    """Whether a gradient flows into ``a``: a leaf with attach_grad, or a value computed by
+    recorded ops whose graph a backward has not freed yet. A value from an earlier batch's
+    graph (an RNN's state carried to the next batch) is a constant in a new recording, as
+    in MXNet: the book's ``for s in state: s.detach()`` does not detach in place, and its
+    training runs there."""
+    return isinstance(a, NDArray) and (
+        (a._node is not None and not a._node[0].freed) or a._grad_req != "null")
 
 
 def record_op(name, args, attrs, outs):

@@ -651,8 +651,8 @@ def _param_handles(entry):
     return handles
 
 
-def _needs_grad(a) -> bool:
-    return a._node is not None or a._grad_req != "null"
+def _needs_grad(a) -> bool:  # as autograd's: a value of a freed graph is a constant
+    return (a._node is not None and not a._node[0].freed) or a._grad_req != "null"
 
 
 def _run(entry: Compiled, leaves, name):

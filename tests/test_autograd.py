@@ -449,3 +449,23 @@ def test_mlp_training_lowers_the_loss():
         for p in params:
             p[:] = p - 0.5 * p.grad  # outside record: an update, not recorded
     assert losses[-1] < 0.7 * losses[0]
+
+
+def test_a_value_of_a_freed_graph_is_a_constant_in_a_new_recording():
+    # chapter 9's RNN training carries the state from batch to batch; MXNet's
+    # `for s in state: s.detach()` does not detach in place, and training runs there
+    w = leaf([0.5, -0.25])
+    w.attach_grad()
+    state = leaf([1.0, 1.0])
+    grads = []
+    for _ in range(3):
+        with autograd.record():
+            state = hb.tanh(state * w)
+            loss = (state * state).sum()
+        loss.backward()
+        grads.append(w.grad.asnumpy().copy())
+    s0 = np.tanh(np.tanh(np.array([1.0, 1.0]) * [0.5, -0.25]) * [0.5, -0.25])
+    s1 = np.tanh(s0 * [0.5, -0.25])  # the third batch: d/dw with s0 a constant
+    np.testing.assert_allclose(grads[2], 2 * s1 * (1 - s1 ** 2) * s0, rtol=1e-6)
+    with pytest.raises(RuntimeError, match="freed"):  # the same graph twice still refuses
+        loss.backward()

@@ -3,7 +3,7 @@ each the same object as hybrid's own, never a copy.
 
     gluon.nn is hybrid.nn          gluon.loss is hybrid.loss      gluon.data is hybrid.data
     gluon.utils is hybrid.utils    gluon.Trainer is hybrid.Trainer
-    gluon.rnn: the recurrent layers, still to come (see its docstring)
+    gluon.rnn: RNN, LSTM, GRU and their cells (hybrid/nn/rnn_layers.py, rnn_cells.py)
 """
 import sys as _sys
 
