@@ -53,6 +53,19 @@ SECTIONS = [
       "dropout", "embedding", "one_hot", "pick", "gelu", "batch_dot", "batch_flatten",
       "sequence_mask", "topk", "reshape", "stop_gradient", "save", "load", "set_np",
       "waitall"]),
+    ("Control flow: npx.foreach, npx.while_loop, npx.cond", "hybrid.npx",
+     "MXNet 2's signatures. Eagerly each runs as the Python it stands for; hybridized, each is "
+     "one graph node carrying its bodies as sub-graphs (compiled once, run step by step into "
+     "preallocated rows), differentiated (a reverse scan; the branch taken) and exported "
+     "(graph.json; ONNX Scan/Loop/If). A Python `if` on a traced value raises a TraceError "
+     "naming npx.cond. A random draw inside a hybridized body is refused (draw before the "
+     "loop).",
+     ["foreach", "while_loop", "cond"]),
+    ("gluon.rnn: recurrent layers", "hybrid.gluon.rnn",
+     "MXNet's layers, names and gate orders (see [book.md](book.md)); each layer and direction "
+     "is one npx.foreach, the input projection of all steps hoisted into one matrix product.",
+     ["RNN", "LSTM", "GRU", "RNNCell", "LSTMCell", "GRUCell", "SequentialRNNCell",
+      "BidirectionalCell", "DropoutCell", "ResidualCell"]),
     ("The book's spellings: hybrid.np, hybrid.gluon, hybrid.context", "hybrid.gluon",
      "`from hybrid import np, npx, gluon, autograd, init` and `import hybrid as mx` run the "
      "book's MXNet code: every name is an alias of hybrid's own (see [book.md](book.md)). "
@@ -63,7 +76,10 @@ SECTIONS = [
      ["split_and_load", "split_data", "clip_global_norm", "download", "check_sha1",
       "DownloadError"]),
     ("hybridize, explain", "hybrid", "Tracing into a networkx graph, compiled per input "
-     "signature (shapes, dtypes, devices, train/predict mode).",
+     "signature (shapes, dtypes, devices, train/predict mode). A block seeing a second batch "
+     "size or sequence length runs a power-of-two shape bucket's graph on padded inputs "
+     "where that gives the same results (hybrid/buckets.py; `hybridize(static_shape=True)` "
+     "or HYBRID_BUCKETS=0 compile every size).",
      ["hybridize", "explain", "TraceError"]),
     ("hybrid.nn: blocks", "hybrid.nn", "Gluon's vocabulary. Parameters are created lazily "
      "(deferred shapes) and initialized with `initialize(init, device=...)`.",
