@@ -8,7 +8,9 @@ here runs under its own interpreter, named by an argument or an environment vari
     BENCH_TORCH_PYTHON=/work/venv-torch/bin/python BENCH_JAX_PYTHON=/work/venv-jax/bin/python \\
         python benchmarks/bench_llvm.py           # or --torch-python / --jax-python
 
-(``/work/venv-torch`` and ``/work/venv-jax`` are also found without being named.) The peer's
+(``/work/venv-torch`` and ``/work/venv-jax`` are also found without being named; ``none``
+leaves a peer out, and ``BENCH_COMPILED_PEERS=0`` skips torch.compile / jit.script in
+bench_llvm.py.) The peer's
 process imports hybrid too (for the shared workloads' inputs): the parent hands it its own
 ``sys.path`` in ``HYBRID_BENCH_HOST_PATH``, which :func:`adopt_host_path` appends after the
 venv's own entries, so the venv's torch/jax and NumPy win and hybrid's pure dependencies
@@ -39,7 +41,7 @@ def interpreter(part: str) -> str | None:
         return sys.executable
     named = _chosen.get(part) or os.environ.get(ENV[part])
     if named:
-        return named
+        return None if named == "none" else named  # "none": leave this peer out
     if importlib.util.find_spec(part) is not None:
         return sys.executable
     return DEFAULT[part] if os.path.exists(DEFAULT[part]) else None
