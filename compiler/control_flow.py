@@ -43,14 +43,15 @@ def _truth(xp, v) -> bool:
     return bool(_host(xp, v))
 
 
-def run_control(xp, op, args, attrs, run_body, wanted=None):
+def run_control(xp, op, args, attrs, run_body, wanted=None, run_steps=None):
     """The results of control op ``op`` on raw arrays. ``run_body(name, inputs) -> outputs``
     runs the body attribute ``name``; ``run_body(name, inputs, targets) -> bool`` runs it
     writing its outputs into ``targets`` where it can (False: not run). ``wanted``: the
     result indices someone reads (None: all), so an inference call never stacks the states
-    a gradient would need."""
+    a gradient would need. ``run_steps(name, n, inputs, outputs) -> bool`` (where the
+    backend has one) runs all of a foreach's steps in one native call."""
     if op == "foreach":
-        return _run_foreach(xp, args, attrs, run_body, wanted)
+        return _run_foreach(xp, args, attrs, run_body, wanted, run_steps)
     if op == "while_loop":
         return _run_while(xp, args, attrs, run_body, wanted)
     if op == "cond":
@@ -59,7 +60,7 @@ def run_control(xp, op, args, attrs, run_body, wanted=None):
     raise ValueError(f"{op!r} is not a control-flow op")
 
 
-def _run_foreach(xp, args, attrs, run_body, wanted):
+def _run_foreach(xp, args, attrs, run_body, wanted, run_steps=None):
     """Each step writes into rows preallocated for all steps where the body's executable can
     (``run_into``): its outputs into the rows of the stacked outputs, its new states into
     the row of the states the next step starts from (kept for a gradient anyway) or else
@@ -76,6 +77,11 @@ def _run_foreach(xp, args, attrs, run_body, wanted):
     outs = [_zeros(xp, (steps,) + tuple(s.shape), s.dtype) for s in outs_spec[:n_out]]
     seq = [_zeros(xp, (steps,) + tuple(s.shape), s.dtype) for s in states] if keep_seq else \
         [None] * ns
+    if run_steps is not None and n and (keep_seq is False or not attrs.get("reverse")):
+        done = _native_steps(xp, attrs, run_steps, n, steps, seqs, states, caps, outs,
+                             keep_seq)
+        if done is not None:
+            return done
     order = list(reversed(range(n)) if attrs.get("reverse") else range(n))
     turns = [[xp.empty(s.shape, s.dtype) for s in states] for _ in range(2)]
     for j, t in enumerate(order):
@@ -100,6 +106,32 @@ def _run_foreach(xp, args, attrs, run_body, wanted):
         seq = [_zeros(xp, (steps,) + tuple(s.shape), s.dtype) if steps == 0 else None
                for s in states]
     return outs + states + seq
+
+
+def _native_steps(xp, attrs, run_steps, n, steps, seqs, states, caps, outs, keep_seq):
+    """All ``n`` steps in one native call: the states live in rows 0..n of one buffer (step
+    j reads row j, writes row j + 1, in the order the steps run), data and output rows are
+    read and written in place; None when the backend declines."""
+    rev = bool(attrs.get("reverse"))
+    first, step = (n - 1, -1) if rev else (0, 1)
+    ext = [xp.empty((n + 1,) + tuple(s.shape), s.dtype) for s in states]
+    for e, s in zip(ext, states):
+        e[0] = s
+    ins = [("rows", s, first, step) for s in seqs] + [("rows", e, 0, 1) for e in ext] + \
+        [("fixed", c) for c in caps]
+    res = [("rows", o, first, step) for o in outs] + [("rows", e, 1, 1) for e in ext]
+    if not run_steps("body", n, ins, res):
+        return None
+    finals = [e[n].copy() for e in ext]
+    if keep_seq:  # forward only: row t is the state step t started from
+        seq = []
+        for e, s in zip(ext, states):
+            rows = xp.zeros((steps,) + tuple(s.shape), s.dtype)
+            rows[:n] = e[:n]
+            seq.append(rows)
+    else:
+        seq = [None] * len(states)
+    return outs + finals + seq
 
 
 def _run_while(xp, args, attrs, run_body, wanted):
@@ -158,11 +190,19 @@ _BODIES: collections.OrderedDict = collections.OrderedDict()
 _BODIES_MAX = 64
 
 
+def _body_graph(body: Body):
+    """The graph a body compiles: each output a buffer of its own (the loop writes them into
+    rows of its results)."""
+    g = body.graph.copy()
+    g.meta["distinct_outputs"] = True
+    return g
+
+
 def _compiled_body(body: Body, backend, device, compile_body):
     key = (body, backend, str(device))
     exe = _BODIES.get(key)
     if exe is None:
-        exe = _BODIES[key] = compile_body(body.graph)
+        exe = _BODIES[key] = compile_body(_body_graph(body))
         if len(_BODIES) > _BODIES_MAX:
             _BODIES.popitem(last=False)
     else:
@@ -179,7 +219,7 @@ def compile_control(graph: Graph, backend: str, device, compile_body,
     d = graph.node(node)
     op, attrs = d["op"], d["attrs"]
     bodies = {k: _compiled_body(v, backend, device, compile_body) if shared
-              else compile_body(v.graph) for k, v in attrs.items() if isinstance(v, Body)}
+              else compile_body(_body_graph(v)) for k, v in attrs.items() if isinstance(v, Body)}
     # a body holding control flow itself is parts: run in order within the loop's step
     runs = {k: exe.run if isinstance(exe, Executable) else exe.run_in_order
             for k, exe in bodies.items()}
@@ -201,6 +241,11 @@ def compile_control(graph: Graph, backend: str, device, compile_body,
 
     into = {k: getattr(getattr(exe, "run", None), "run_into", None)
             for k, exe in bodies.items()}
+    native = {k: getattr(getattr(exe, "run", None), "run_steps", None)
+              for k, exe in bodies.items()}
+
+    def run_steps(name, n, ins, outs):
+        return native[name] is not None and native[name](n, ins, outs)
 
     def run(xp, inputs, params):
         def run_body(name, vals, targets=None):
@@ -209,7 +254,7 @@ def compile_control(graph: Graph, backend: str, device, compile_body,
             return into[name] is not None and into[name](xp, vals, targets)
         args = [inputs[i] if kind == "input" else params[i] if kind == "param"
                 else xp.asarray(i) for kind, i in sources]
-        res = run_control(xp, op, args, attrs, run_body, wanted)
+        res = run_control(xp, op, args, attrs, run_body, wanted, run_steps)
         return [res[k] for k in picks]
 
     report = {"control": op, "bodies": {k: exe.report for k, exe in bodies.items()},

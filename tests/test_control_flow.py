@@ -361,22 +361,34 @@ def test_branches_of_different_types_are_refused_when_hybridized():
         net(hb.ones((2,)))
 
 
-def test_llvm_loop_steps_write_into_preallocated_rows(monkeypatch):
+@pytest.mark.parametrize("native", [True, False])
+def test_llvm_loop_runs_in_one_native_call_or_into_preallocated_rows(monkeypatch, native):
+    """All steps in one native call (codegen/llvm/steps.py); where that declines, each step
+    writes into its rows (no allocation per step)."""
     from compiler.codegen.llvm.exec import NativeRun
-    calls = []
-    real = NativeRun.run_into
+    calls = {"steps": [], "into": []}
+    real_steps, real_into = NativeRun.run_steps, NativeRun.run_into
 
-    def counting(self, xp, inputs, targets):
-        ok = real(self, xp, inputs, targets)
-        calls.append(ok)
+    def steps(self, n, ins, outs):
+        ok = native and real_steps(self, n, ins, outs)
+        calls["steps"].append((n, ok))
         return ok
-    monkeypatch.setattr(NativeRun, "run_into", counting)
+
+    def into(self, xp, inputs, targets):
+        ok = real_into(self, xp, inputs, targets)
+        calls["into"].append(ok)
+        return ok
+    monkeypatch.setattr(NativeRun, "run_steps", steps)
+    monkeypatch.setattr(NativeRun, "run_into", into)
     net = Fn(_rnn_like, 4)
     net.initialize()
     x, h = rand(7, 2, 4, seed=12), rand(2, 4, seed=13)
     want = _np(net(x, h))
     net.hybridize(backend="llvm")
     got = _np(net(x, h))
-    assert calls == [True] * 7  # every step ran into the rows: no per-step allocation
+    if native:
+        assert calls == {"steps": [(7, True)], "into": []}
+    else:
+        assert calls == {"steps": [(7, False)], "into": [True] * 7}
     for a, b in zip(_flat(want), _flat(got)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

@@ -161,6 +161,17 @@ class _Lowering:
             return Layout(copy.slot, shape, contiguous_strides(shape), 0)
         raise KernelIRError(f"not a view op: {op}")
 
+    def _output_copy(self, n, fresh=False) -> int:
+        """A new output slot holding a contiguous copy of node n's value; its output index."""
+        lay = self.layouts[n]
+        sp = self.g.spec(n)
+        slot = self._io_slot("output", sp.shape, sp.dtype, ("output", len(self.out_slots)))
+        self.out_slots[("copy", len(self.out_slots)) if fresh else n] = slot
+        self.pb.loop(sp.shape, [Access(lay.slot, lay.strides, lay.offset)],
+                     [Output(self._access(self._contig(slot, sp.shape), sp.shape),
+                             Load(0))], name="output_copy")
+        return self.slot_src[slot][1]
+
     def _copy_to_temp(self, lay: Layout, dtype) -> Layout:
         slot = self._temp(lay.shape, dtype)
         out = self._contig(slot, lay.shape)
@@ -252,24 +263,23 @@ class _Lowering:
                 self._movement_group(gid, grp)
             else:  # elementwise and sources
                 self._loop_group(gid, grp)
-        outputs = []
+        # a loop body's outputs are each a slot of its own (graph.meta "distinct_outputs"), so
+        # a step can write them straight into the rows of a loop's results
+        distinct = self.g.meta.get("distinct_outputs")
+        outputs, taken = [], set()
         for n in self.g.outputs:
             op = self.g.op(n)
-            if op in ("input", "param"):
+            if distinct and (op in ("input", "param", "const") or n in taken):
+                outputs.append(("slot", self._output_copy(n, fresh=True)))
+            elif op in ("input", "param"):
                 outputs.append((op, (self.g.inputs if op == "input" else self.g.params).index(n)))
             elif op == "const":
                 outputs.append(("const", self.g.constants[self.g.node(n)["attrs"]["name"]]))
             elif n in self.out_slots:
                 outputs.append(("slot", self.slot_src[self.out_slots[n]][1]))
             else:  # a view as output: a fresh contiguous copy
-                lay = self.layouts[n]
-                sp = self.g.spec(n)
-                slot = self._io_slot("output", sp.shape, sp.dtype, ("output", len(self.out_slots)))
-                self.out_slots[n] = slot
-                self.pb.loop(sp.shape, [Access(lay.slot, lay.strides, lay.offset)],
-                             [Output(self._access(self._contig(slot, sp.shape), sp.shape),
-                                     Load(0))], name="output_copy")
-                outputs.append(("slot", self.slot_src[slot][1]))
+                outputs.append(("slot", self._output_copy(n)))
+            taken.add(n)
         program = self.pb.build()
         pos = {s: i for i, s in enumerate(program.io_slots())}
         io = []

@@ -21,6 +21,7 @@ from runtime.memory import host_pool
 from ..lower import gather_outputs, lower
 from .emit import SMALL_OUTPUT, aligned_empty, compile_program, data_address, new_arena
 from .gemv import PACK_NEW, pack_states
+from .steps import driver as steps_driver
 
 _log = config.logger("compile")
 
@@ -166,6 +167,54 @@ class NativeRun:
             for pos, src in self.aliases:
                 io[pos] = io[src]
             self.cfunc(self._io_arg, self._arena_arg)
+        return True
+
+    def run_steps(self, n, inputs, outputs) -> bool:
+        """``n`` calls in ONE native call (codegen/llvm/steps.py), step ``j`` reading and
+        writing rows: per graph input ``("fixed", array)`` or ``("rows", array, first,
+        step)`` (row ``first + j * step`` of a C-contiguous array whose rows are the input's
+        shape and dtype), per graph output ``("rows", array, first, step)``. How a loop runs
+        its body: no Python, no allocation per step. False (nothing run) where this
+        executable or a plan cannot: the caller then runs the steps one by one."""
+        slots = self._output_slots
+        if slots is None or self.params or len(outputs) != len(slots):
+            return False
+        nio = len(self.io)
+        base = (ctypes.c_void_p * max(nio, 1))(*self._template)
+        stride = (ctypes.c_int64 * max(nio, 1))()
+        keep = []
+
+        def place(pos, plan, shape, dt, writable):
+            if plan[0] == "fixed":
+                if writable:
+                    return False
+                a = self._prep(plan[1], (shape, dt))
+                keep.append(a)
+                base[pos] = data_address(a)
+                return True
+            _, a, first, step = plan
+            if type(a) is not np.ndarray or a.dtype != dt or a.shape[1:] != shape or \
+                    not a.flags.c_contiguous or not (0 <= first < a.shape[0] and
+                                                     0 <= first + (n - 1) * step < a.shape[0]):
+                return False
+            row = a.strides[0]
+            base[pos] = data_address(a) + first * row
+            stride[pos] = step * row
+            return True
+        for pos, i, shape, dt in self.inputs:
+            if not place(pos, inputs[i], shape, dt, False):
+                return False
+        for i, k in enumerate(slots):
+            pos, shape, dt, _ = self.outs[k]
+            if not place(pos, outputs[i], shape, dt, True):
+                return False
+        for pos, src in self.aliases:
+            base[pos], stride[pos] = base[src], stride[src]
+        io = (ctypes.c_void_p * max(nio, 1))()
+        with self.lock:
+            steps_driver()(ctypes.c_void_p(self.compiled.native.address(self.compiled.symbol)),
+                           self._arena_arg, n, nio, ctypes.addressof(io),
+                           ctypes.addressof(base), ctypes.addressof(stride))
         return True
 
     def _bind_params(self, params):
