@@ -3,16 +3,18 @@
 One loop runner per op (``run_control``) serves every backend: it is handed a ``run_body``
 that runs a body's compiled executable (or the NumPy interpreter, for the reference oracle),
 so a loop's body is a graph of its own, optimized by the whole pass list (fusion and a memory
-plan inside the loop), compiled once and called once per step with the step's rows; the
-runner writes each step's outputs into rows preallocated for all steps.
+plan inside the loop) and compiled once, whatever the number of steps. On LLVM all of a
+foreach's steps are one native call (``run_steps``: codegen/llvm/steps.py); elsewhere each
+step is a call writing straight into the rows preallocated for all steps.
 
-Gradients (``control_grad``): a ``foreach`` is differentiated by a reverse ``foreach`` whose
-body is the forward body's vector-Jacobian product (the body is run again inside it, from the
-states each forward step started from, which the forward returns: no per-op residuals are
-kept across steps); the captured values' gradients are summed in carried states. A
-``while_loop``'s gradient is the same reverse scan over the steps actually taken (a
-``counted`` foreach, bounded by ``max_iterations``); a ``cond``'s is a ``cond`` of the two
-branches' VJPs, so only the branch taken is differentiated.
+Gradients (``control_grad``): a ``foreach`` is differentiated by a reverse ``foreach``. In
+a training graph (``training_form``) each forward step also saves its body's residuals (the
+gates of an LSTM), and the reverse scan runs the body's own backward graph; otherwise the
+reverse scan runs the forward body again from the states each step started from, then its
+vector-Jacobian product. The captured values' gradients (the weights) are summed in carried
+states. A ``while_loop``'s gradient is the same reverse scan over the steps actually taken
+(a ``counted`` foreach, bounded by ``max_iterations``); a ``cond``'s is a ``cond`` of the
+two branches' VJPs, so only the branch taken is differentiated.
 """
 from __future__ import annotations
 
@@ -75,13 +77,13 @@ def _run_foreach(xp, args, attrs, run_body, wanted, run_steps=None):
     n_out = len(outs_spec) - ns
     keep_seq = wanted is None or any(i >= n_out + ns for i in wanted)
     outs = [_zeros(xp, (steps,) + tuple(s.shape), s.dtype) for s in outs_spec[:n_out]]
-    seq = [_zeros(xp, (steps,) + tuple(s.shape), s.dtype) for s in states] if keep_seq else \
-        [None] * ns
-    if run_steps is not None and n and (keep_seq is False or not attrs.get("reverse")):
+    if run_steps is not None and n and not (keep_seq and attrs.get("reverse")):
         done = _native_steps(xp, attrs, run_steps, n, steps, seqs, states, caps, outs,
                              keep_seq)
         if done is not None:
             return done
+    seq = [_zeros(xp, (steps,) + tuple(s.shape), s.dtype) for s in states] if keep_seq else \
+        [None] * ns
     order = list(reversed(range(n)) if attrs.get("reverse") else range(n))
     turns = [[xp.empty(s.shape, s.dtype) for s in states] for _ in range(2)]
     for j, t in enumerate(order):
@@ -114,23 +116,18 @@ def _native_steps(xp, attrs, run_steps, n, steps, seqs, states, caps, outs, keep
     read and written in place; None when the backend declines."""
     rev = bool(attrs.get("reverse"))
     first, step = (n - 1, -1) if rev else (0, 1)
-    ext = [xp.empty((n + 1,) + tuple(s.shape), s.dtype) for s in states]
+    ext = [xp.empty((max(n, steps) + 1,) + tuple(s.shape), s.dtype) for s in states]
     for e, s in zip(ext, states):
         e[0] = s
+        e[n + 1:] = 0  # rows a counted scan never reaches
     ins = [("rows", s, first, step) for s in seqs] + [("rows", e, 0, 1) for e in ext] + \
         [("fixed", c) for c in caps]
     res = [("rows", o, first, step) for o in outs] + [("rows", e, 1, 1) for e in ext]
     if not run_steps("body", n, ins, res):
         return None
     finals = [e[n].copy() for e in ext]
-    if keep_seq:  # forward only: row t is the state step t started from
-        seq = []
-        for e, s in zip(ext, states):
-            rows = xp.zeros((steps,) + tuple(s.shape), s.dtype)
-            rows[:n] = e[:n]
-            seq.append(rows)
-    else:
-        seq = [None] * len(states)
+    # forward only (see the caller): row t is the state step t started from
+    seq = [e[:steps] for e in ext] if keep_seq else [None] * len(states)
     return outs + finals + seq
 
 
