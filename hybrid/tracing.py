@@ -578,16 +578,19 @@ RETRACE_WARN = 8  # signatures one block compiles before the one-time warning sa
 def _warn_retraces(cf, reason):
     """Once per block: it is compiling its RETRACE_WARN-th input signature; say what keeps
     changing and what to do (every re-trace is on HYBRID_LOG=recompiles)."""
-    # graphs compiled: exact entries and shape buckets (a size a bucket serves compiled none)
-    n = sum(not hasattr(e, "bucket_run") for e in cf.entries.values()) + len(cf.buckets) + 1
+    # graphs compiled for exact signatures (shape buckets are a few powers of two at most,
+    # and a size a bucket serves compiles nothing)
+    n = sum(not hasattr(e, "bucket_run") for e in cf.entries.values()) + 1
     if n < RETRACE_WARN or getattr(cf, "_retrace_warned", False):
         return
     cf._retrace_warned = True
     recent = [r for r, _ in cf.retraces[-(RETRACE_WARN - 1):]]
     if recent and all("changed shape" in r for r in recent):
-        fix = ("a new batch size or sequence length traces and compiles again: feed a few "
-               "fixed sizes (pad the last batch, bucket sequence lengths), or keep the block "
-               "un-hybridized while sizes vary")
+        why = next(iter(cf.no_buckets.values()), None)
+        fix = ("a new batch size or sequence length traces and compiles again" +
+               (f" (shape buckets do not apply: {why})" if why else "") +
+               ": feed a few fixed sizes (pad the last batch, bucket sequence lengths), or "
+               "keep the block un-hybridized while sizes vary")
     else:
         fix = "keep the arguments' dtypes, devices, structure and train/predict mode steady"
     import warnings  # noqa: PLC0415 - once per process at most

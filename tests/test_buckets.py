@@ -246,3 +246,21 @@ def test_export_of_a_size_a_bucket_served_is_its_own_graph(tmp_path):
     np.testing.assert_allclose(m(x).asnumpy(), net(x).asnumpy(), rtol=1e-6, atol=1e-6)
     (g,) = [e.graph for s, e in net._cached.entries.items() if s[1][0][0] == (3, 5)]
     assert g.spec(g.inputs[0]).shape == (3, 5)  # the exact graph, not the padded one
+
+
+def test_no_retrace_warning_while_buckets_serve_the_sizes_and_one_that_says_why_otherwise():
+    import warnings
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        net = mlp()
+        net.hybridize()
+        for b in range(1, 41):
+            net(arr((b, 5)))
+        assert not [w for w in seen if "re-traced" in str(w.message)]
+        net = MaxCentered()
+        net.initialize()
+        net.hybridize()
+        for b in range(1, 12):
+            net(arr((b, 3)))
+    (w,) = [w for w in seen if "re-traced" in str(w.message)]
+    assert "shape buckets do not apply" in str(w.message) and "batch axis" in str(w.message)
