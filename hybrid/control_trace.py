@@ -103,6 +103,15 @@ def _body_node(sub: SubTrace, v, what) -> int:
     raise TraceError(f"{what} must return hybrid arrays, got {type(v).__name__} at {_at()}")
 
 
+def _check_carried(sub: SubTrace, initial, nodes, who, what):
+    """A loop's carried values keep their type from step to step (as eagerly)."""
+    for i, (a, nid) in enumerate(zip(initial, nodes)):
+        if sub.graph.spec(nid) != _spec(a):
+            raise ValueError(f"{who}: {what} {i} changed from {_spec(a)} to "
+                             f"{sub.graph.spec(nid)}; a loop's {what}s keep their shape and "
+                             "dtype (cast or reshape inside the body)")
+
+
 def _seal(sub: SubTrace, n_explicit: int, outputs: list, captured: list):
     """The body as a Body: inputs = its explicit ones, then one per ``captured`` (the union
     of what all bodies of the node capture, in one order), outputs ``outputs``."""
@@ -191,11 +200,7 @@ def trace_foreach(body, data, init_states):
                                                                           states],
                                       _parent().device)
     nodes = [_body_node(sub, v, "the foreach body") for v in list(outs) + list(new)]
-    for i, (a, nid) in enumerate(zip(states, nodes[len(outs):])):
-        if sub.graph.spec(nid) != _spec(a):
-            raise ValueError(f"foreach body: state {i} changed from {_spec(a)} to "
-                             f"{sub.graph.spec(nid)}; a loop's states keep their shape and "
-                             "dtype (cast or reshape inside the body)")
+    _check_carried(sub, states, nodes[len(outs):], "foreach body", "state")
     captured = _union(sub)
     b = _seal(sub, n_data + n_states, nodes, captured)
     res = _add_control("foreach", seqs + states + captured,
@@ -228,11 +233,7 @@ def trace_while_loop(cond, func, loop_vars, max_iterations):
     captured = _union(csub, fsub)
     cbody = _seal(csub, nv, [_body_node(csub, pred, "while_loop cond")], captured)
     fnodes = [_body_node(fsub, v, "while_loop func") for v in list(outs) + list(new)]
-    for i, (a, nid) in enumerate(zip(lvars, fnodes[len(outs):])):
-        if fsub.graph.spec(nid) != _spec(a):
-            raise ValueError(f"while_loop func: loop variable {i} changed from {_spec(a)} "
-                             f"to {fsub.graph.spec(nid)}; loop variables keep their shape "
-                             "and dtype")
+    _check_carried(fsub, lvars, fnodes[len(outs):], "while_loop func", "loop variable")
     fbody = _seal(fsub, nv, fnodes, captured)
     res = _add_control("while_loop", lvars + captured,
                        {"cond": cbody, "func": fbody, "n_vars": nv,

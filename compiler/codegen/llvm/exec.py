@@ -104,15 +104,7 @@ class NativeRun:
                     a = self._prep(params[i], want)
                     keep.append(a)
                     io[pos] = data_address(a)
-            for pos, i, shape, dt in self.inputs:
-                a = inputs[i]
-                # dtype identity: NumPy's built-in dtypes are singletons, and a miss only
-                # costs the conversion check below, never a wrong pointer
-                if type(a) is not np.ndarray or a.dtype is not dt or a.shape != shape or \
-                        not a.flags.c_contiguous:
-                    a = self._prep(a, (shape, dt))
-                    keep.append(a)
-                io[pos] = data_address(a)
+            self._bind_inputs(io, inputs, keep)
             outs = []
             for pos, shape, dt, nbytes in self.outs:
                 if nbytes <= SMALL_OUTPUT:  # NumPy's own alignment serves small outputs
@@ -135,6 +127,19 @@ class NativeRun:
                 self.lock.release()
         return outs if self.plain else gather_outputs(self.results, outs, inputs, params)
 
+    def _bind_inputs(self, io, inputs, keep):
+        """Point ``io`` at the inputs' data; converted copies are appended to ``keep`` (alive
+        until the call returns)."""
+        for pos, i, shape, dt in self.inputs:
+            a = inputs[i]
+            # dtype identity: NumPy's built-in dtypes are singletons, and a miss only costs
+            # the conversion check below, never a wrong pointer
+            if type(a) is not np.ndarray or a.dtype is not dt or a.shape != shape or \
+                    not a.flags.c_contiguous:
+                a = self._prep(a, (shape, dt))
+                keep.append(a)
+            io[pos] = data_address(a)
+
     def run_into(self, xp, inputs, targets) -> bool:
         """One call writing its outputs into ``targets`` (C-contiguous arrays of the output
         types, or None for a fresh one), with no parameters: how a control-flow loop runs its
@@ -152,13 +157,7 @@ class NativeRun:
         with self.lock:
             io = self.io
             keep = []
-            for pos, i, shape, dt in self.inputs:
-                a = inputs[i]
-                if type(a) is not np.ndarray or a.dtype is not dt or a.shape != shape or \
-                        not a.flags.c_contiguous:
-                    a = self._prep(a, (shape, dt))
-                    keep.append(a)
-                io[pos] = data_address(a)
+            self._bind_inputs(io, inputs, keep)
             for i, k in enumerate(slots):
                 pos, shape, dt, _ = self.outs[k]
                 if targets[i] is None:
