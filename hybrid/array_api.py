@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import builtins
 import math
+from typing import NamedTuple
 
 import numpy as _numpy
+
+from runtime.device import cpu, current_device, gpu, num_gpus
 
 from . import np as _np
 from . import numpy_ops as _ops
@@ -22,7 +25,8 @@ __array_api_version__ = "2023.12"
 
 _SKIP = {"arange", "asarray", "full", "zeros", "ones", "empty", "linspace", "eye", "sum",
          "prod", "var", "std", "astype", "squeeze", "expand_dims", "reshape", "full_like",
-         "ones_like", "zeros_like", "empty_like", "max", "min", "mean", "ndarray", "dtype"}
+         "ones_like", "zeros_like", "empty_like", "max", "min", "mean", "ndarray", "dtype",
+         "finfo", "iinfo"}
 globals().update({k: v for k, v in vars(_np).items()
                   if not k.startswith("_") and k not in _SKIP})
 
@@ -165,6 +169,34 @@ def argsort(x, /, *, axis=-1, descending=False, stable=True):
     return _ops.argsort(x, axis, descending=descending)
 
 
+class _FInfo(NamedTuple):
+    bits: int
+    eps: float
+    max: float
+    min: float
+    smallest_normal: float
+    dtype: object
+
+
+class _IInfo(NamedTuple):
+    bits: int
+    max: int
+    min: int
+    dtype: object
+
+
+def finfo(type, /):  # the standard's parameter name
+    """As NumPy's finfo, with Python floats (the standard asks for them)."""
+    f = _ops.finfo(type)
+    return _FInfo(int(f.bits), float(f.eps), float(f.max), float(f.min),
+                  float(f.smallest_normal), f.dtype)
+
+
+def iinfo(type, /):
+    i = _ops.iinfo(type)
+    return _IInfo(int(i.bits), int(i.max), int(i.min), i.dtype)
+
+
 class _Info:
     """``__array_namespace_info__()``: what this namespace supports."""
 
@@ -173,7 +205,7 @@ class _Info:
                 "max dimensions": 64}
 
     def default_device(self):
-        return _np.current_device() if hasattr(_np, "current_device") else None
+        return current_device()
 
     def default_dtypes(self, *, device=None):
         return {"real floating": float32, "complex floating": None, "integral": int64,
@@ -187,7 +219,7 @@ class _Info:
         return {n: d for n, d in out.items() if _ops.isdtype(n, kind)}
 
     def devices(self):
-        return []
+        return [cpu(0)] + [gpu(i) for i in range(num_gpus())]
 
 
 def __array_namespace_info__():
