@@ -26,7 +26,7 @@ __array_api_version__ = "2023.12"
 _SKIP = {"arange", "asarray", "full", "zeros", "ones", "empty", "linspace", "eye", "sum",
          "prod", "var", "std", "astype", "squeeze", "expand_dims", "reshape", "full_like",
          "ones_like", "zeros_like", "empty_like", "max", "min", "mean", "ndarray", "dtype",
-         "finfo", "iinfo"}
+         "finfo", "iinfo", "clip"}
 globals().update({k: v for k, v in vars(_np).items()
                   if not k.startswith("_") and k not in _SKIP})
 
@@ -132,13 +132,19 @@ def _with_dtype(fn):
     def reduce(x, /, *, axis=None, dtype=None, keepdims=False):
         if dtype is not None and dtype != x.dtype:
             x = x.astype(dtype)
-        return fn(x, axis, keepdims=keepdims)
+        out = fn(x, axis, keepdims=keepdims)
+        # an asked-for dtype is the result's (small integers otherwise add up in int64)
+        return out if dtype is None or out.dtype == dtype else out.astype(dtype)
     reduce.__name__ = fn.__name__
     return reduce
 
 
 sum = _with_dtype(_np.sum)
 prod = _with_dtype(_np.prod)
+
+
+def clip(x, /, min=None, max=None):  # the standard's keywords (NumPy's: a_min, a_max)
+    return _np.clip(x, min, max)
 
 
 def max(x, /, *, axis=None, keepdims=False):
