@@ -146,6 +146,25 @@ def positive(x):
     return apply("copy", (_arr(x),), {})
 
 
+def conj(x):
+    """The complex conjugate: a copy, since hybrid's dtypes are real."""
+    return apply("copy", (_arr(x),), {})
+
+
+conjugate = conj
+
+
+def real(x):
+    return apply("copy", (_arr(x),), {})
+
+
+def imag(x):
+    """The imaginary part of a real array: zeros of its dtype."""
+    x = _arr(x)
+    with x.device:
+        return apply("full", (), {"shape": tuple(x.shape), "value": 0, "dtype": x._dtype})
+
+
 def degrees(x):
     return apply("mul", (_arr(x), 180.0 / _np.pi), {})
 
@@ -420,7 +439,7 @@ def iinfo(dtype):
     return _np.iinfo(name)
 
 
-__all__ = [
+__all__ = [  # noqa: RUF022 - grouped as the module is
     "arcsin", "arccos", "arctan", "arctan2", "tan", "sinh", "cosh", "arcsinh", "arccosh",
     "arctanh", "asin", "acos", "atan", "atan2", "asinh", "acosh", "atanh", "hypot",
     "copysign", "log2", "log10", "exp2", "logaddexp", "trunc", "fix", "isnan", "isinf",
@@ -430,5 +449,6 @@ __all__ = [
     "trace", "diff", "pad", "permute_dims", "matrix_transpose", "broadcast_arrays",
     "meshgrid", "unstack", "astype", "cumulative_sum", "cumprod", "cumulative_prod",
     "argsort", "sort", "take_along_axis", "searchsorted", "outer", "tensordot",
-    "vecdot", "einsum", "can_cast", "result_type", "isdtype", "finfo", "iinfo",
+    "vecdot", "einsum", "can_cast", "result_type", "isdtype", "finfo", "iinfo", "conj",
+    "conjugate", "real", "imag",
 ]

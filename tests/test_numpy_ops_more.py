@@ -366,6 +366,18 @@ def test_outer_vecdot():
     close(hb.outer(H(a), H(b)), numpy.outer(a, b))
     x, y = arr((2, 3)), arr((3,))
     close(hb.vecdot(H(x), H(y)), numpy.vecdot(x, y))
+    u8 = arr((2, 3), "uint8")
+    assert hb.vecdot(H(u8), H(u8)).dtype == numpy.uint8  # the product's dtype, as the standard
+    with pytest.raises(ValueError, match="summed axis must match"):
+        hb.vecdot(H(x), H(arr((2, 1))))
+
+
+def test_conj_real_imag_of_real_arrays():
+    x = arr((2, 3), "int32")
+    close(hb.conj(H(x)), numpy.conj(x))
+    close(hb.real(H(x)), numpy.real(x))
+    close(hb.imag(H(x)), numpy.imag(x))
+    assert hb.conjugate is hb.conj
 
 
 # =============================================================== reductions, dtypes

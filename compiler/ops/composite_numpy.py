@@ -553,8 +553,20 @@ def tensordot(F, a, b, axes=2):
 
 
 def vecdot(F, a, b, axis=-1):
-    """The Array API's vecdot: sum(a * b) along ``axis`` after broadcasting (real dtypes)."""
-    return F.sum(F.mul(a, b), axis=axis, keepdims=False)
+    """The Array API's vecdot: sum(a * b) along ``axis`` after broadcasting the other axes
+    (real dtypes); the summed axis must have one length in both, and the result keeps the
+    product's dtype (integers do not widen to int64 as a plain sum does)."""
+    sa, sb = _shape(a), _shape(b)
+    if not sa or not sb:
+        raise ValueError(f"vecdot: needs arrays of 1 or more dimensions, got shapes {sa} "
+                         f"and {sb}")
+    na, nb = sa[_axis(axis, len(sa), "vecdot")], sb[_axis(axis, len(sb), "vecdot")]
+    if na != nb:
+        raise ValueError(f"vecdot: axis {axis} has length {na} in x1 and {nb} in x2; the "
+                         "summed axis must match (it is not broadcast)")
+    p = F.mul(a, b)
+    out = F.sum(p, axis=axis, keepdims=False)
+    return F.cast(out, dtype=_dt(p)) if _dt(out) != _dt(p) else out
 
 
 # ------------------------------------------------------------------ einsum
