@@ -32,6 +32,7 @@ from compiler.passes.batch_axis import batch_axes
 from runtime import config
 
 from .ndarray import NDArray, array, broadcast_to, concatenate
+from .random import restore_stream, stream_state
 
 _log = config.logger("recompiles")
 
@@ -180,8 +181,10 @@ def _build_bucket(cf, sig, family, padded, first, leaves, tree, args, kwargs):
         if axes.scans:
             _count_scans(g, axes.scans)
         return entry
+    stream = stream_state()
     entry = cf._build(psig, pleaves, tree, args, kwargs, prepare=prepare)
-    if entry is None:
+    if entry is None:  # thrown away: the random draws its trace took are taken again
+        restore_stream(stream)
         cf.no_buckets[family] = why[0]
         _log.info("%s: no shape buckets (each size compiles): %s", cf.name, why[0])
         return None

@@ -30,6 +30,20 @@ def seed(seed_state: int, device=None):
             _counters[parse_device(device)] = int(seed_state) * 1_000_003 % (1 << 62)
 
 
+def stream_state() -> dict:
+    """Where every device's stream stands: a trace that is thrown away (a shape bucket that
+    does not apply) puts it back with :func:`restore_stream`, so the draws it took are taken
+    again by the trace that stays, where the eager program takes them."""
+    with _lock:
+        return dict(_counters)
+
+
+def restore_stream(state: dict):
+    with _lock:
+        _counters.clear()
+        _counters.update(state)
+
+
 def next_key(device) -> int:
     """The next 62-bit key of ``device``'s stream."""
     device = parse_device(device)

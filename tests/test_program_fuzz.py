@@ -4,7 +4,8 @@ Hypothesis draws small HybridBlocks from a grammar of layers and operations, sid
 included: random draws, Dropout, BatchNorm (training and predict), in-place writes to the
 input and to intermediates, scalar arguments of mixed types and signs, nested and shared
 blocks, a child added after the first call, deferred shapes, control flow (npx.foreach with a
-Dense in its body, npx.cond, npx.while_loop). Each program runs eagerly and
+Dense in its body, npx.cond, npx.while_loop), a batch size per call (shape buckets: padded
+graphs, counted scans). Each program runs eagerly and
 hybridized (on the backend the draw picks) from the same seed, and everything a user can
 observe is compared after every call: outputs, gradients, parameters and running statistics,
 the caller's input array, and the random stream afterwards. Predict-only programs without
@@ -49,10 +50,15 @@ class Program:
     later: list  # steps of a child added after the first call ([]: none)
     calls: list  # "train" | "predict" per call
     backend: str
+    sizes: list = None  # the batch of each call (None: ``batch`` every time): shape buckets
+
+    def size(self, i):
+        return self.batch if not self.sizes else self.sizes[i]
 
     def __repr__(self):
         return (f"Program(batch={self.batch}, width={self.width}, backend={self.backend!r},"
-                f" scalar_arg={self.scalar_arg!r}, calls={self.calls},\n  steps={self.steps},"
+                f" scalar_arg={self.scalar_arg!r}, calls={self.calls}, sizes={self.sizes},"
+                f"\n  steps={self.steps},"
                 f"\n  later={self.later})")
 
 
@@ -84,6 +90,15 @@ def _steps(depth):
 
 @st.composite
 def programs(draw):
+    prog = draw(_programs())
+    if draw(st.booleans()):  # a batch size per call: the shape buckets' padded graphs
+        prog.sizes = draw(st.lists(st.integers(1, 9), min_size=len(prog.calls),
+                                   max_size=len(prog.calls)))
+    return prog
+
+
+@st.composite
+def _programs(draw):
     return Program(
         batch=draw(st.integers(2, 6)),
         width=draw(st.integers(1, 5)),
@@ -224,10 +239,12 @@ def _run(prog: Program, hybridize: bool, device=None):
     if hybridize:
         net.hybridize(backend=prog.backend)
     rng = np.random.default_rng(7)
-    x = hb.array(rng.normal(size=(prog.batch, prog.width)).astype("float32"), device=device)
-    args = (x,) if prog.scalar_arg is None else (x, prog.scalar_arg)
     seen = []
     for i, mode in enumerate(prog.calls):
+        if i == 0 or prog.size(i) != prog.size(i - 1):  # a new array when the size changes
+            x = hb.array(rng.normal(size=(prog.size(i), prog.width)).astype("float32"),
+                         device=device)
+        args = (x,) if prog.scalar_arg is None else (x, prog.scalar_arg)
         if i == 1 and prog.later:
             child = net.register_child(_Steps(prog.later, net._shared), "later")
             with warnings.catch_warnings():  # the shared layer is initialized already
@@ -289,7 +306,8 @@ def check_program(prog: Program, tmp_path=None, device=None):
         net.export(str(path), example_inputs=args[:1], dynamic_batch=False) \
             if prog.scalar_arg is None else None
         if prog.scalar_arg is None:
-            x = hb.array(np.random.default_rng(8).normal(size=(prog.batch, prog.width))
+            x = hb.array(np.random.default_rng(8).normal(size=(prog.size(len(prog.calls) - 1),
+                                                               prog.width))
                          .astype("float32"))
             np.testing.assert_allclose(hb.load(str(path))(x).asnumpy(), net(x).asnumpy(),
                                        RTOL, ATOL, err_msg="exported then loaded")
