@@ -156,3 +156,19 @@ def test_control_flow_exports_as_scan_loop_and_if(tmp_path):
             w_ = w_.asnumpy()
             assert g.shape == w_.shape and g.dtype == w_.dtype
             np.testing.assert_allclose(g, w_, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU", "RNN"])
+def test_recurrent_layers_export_as_scans(tmp_path, kind):
+    _need_onnx()
+    from hybrid import gluon
+    layer = getattr(gluon.rnn, kind)(5, input_size=3, num_layers=2, bidirectional=True)
+    layer.initialize()
+    x = np.random.default_rng(5).standard_normal((6, 2, 3)).astype(np.float32)
+    want = layer(hb.array(x)).asnumpy()
+    layer.hybridize(backend="reference")
+    path = layer.export_onnx(tmp_path / "rnn.onnx", example_inputs=(hb.array(x),))
+    model = _check_file(path)
+    assert sum(n.op_type == "Scan" for n in model.graph.node) == 4  # 2 layers x 2 directions
+    (got,) = _run_ort(path, [x])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
