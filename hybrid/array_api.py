@@ -125,6 +125,9 @@ def squeeze(x, /, axis):
 
 
 def expand_dims(x, /, axis=0):
+    if not -x.ndim - 1 <= axis <= x.ndim:  # the standard asks for IndexError here
+        raise IndexError(f"expand_dims: axis {axis} is out of range for the result's "
+                         f"{x.ndim + 1} dimensions")
     return _np.expand_dims(x, axis)
 
 
