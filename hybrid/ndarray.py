@@ -279,10 +279,14 @@ class NDArray:
     def __neg__(self): return apply("neg", (self,), {})
     def __pos__(self): return self
     def __abs__(self): return apply("abs", (self,), {})
-    def __invert__(self): return apply("logical_not", (self,), {})
-    def __and__(self, o): return apply("logical_and", (self, o), {})
-    def __or__(self, o): return apply("logical_or", (self, o), {})
-    def __xor__(self, o): return apply("logical_xor", (self, o), {})
+    # NumPy's bitwise operators: bit by bit on integers, logical (bool results) on bools
+    def __invert__(self): return apply("bitwise_not", (self,), {})
+    def __and__(self, o): return apply("bitwise_and", (self, o), {})
+    def __rand__(self, o): return apply("bitwise_and", (o, self), {})
+    def __or__(self, o): return apply("bitwise_or", (self, o), {})
+    def __ror__(self, o): return apply("bitwise_or", (o, self), {})
+    def __xor__(self, o): return apply("bitwise_xor", (self, o), {})
+    def __rxor__(self, o): return apply("bitwise_xor", (o, self), {})
     def __eq__(self, o): return apply("eq", (self, o), {})  # noqa: D105
     def __ne__(self, o): return apply("ne", (self, o), {})
     def __lt__(self, o): return apply("lt", (self, o), {})
@@ -311,6 +315,9 @@ class NDArray:
     def __ifloordiv__(self, o): return self._inplace("floordiv", o)
     def __imod__(self, o): return self._inplace("mod", o)
     def __ipow__(self, o): return self._inplace("pow", o)
+    def __iand__(self, o): return self._inplace("bitwise_and", o)
+    def __ior__(self, o): return self._inplace("bitwise_or", o)
+    def __ixor__(self, o): return self._inplace("bitwise_xor", o)
 
     def __getitem__(self, key):
         from .indexing import getitem  # noqa: PLC0415 - indexing imports this module
@@ -741,8 +748,11 @@ for _n, _op in (("add", "add"), ("subtract", "sub"), ("multiply", "mul"), ("divi
                 ("power", "pow"), ("maximum", "maximum"), ("minimum", "minimum"),
                 ("equal", "eq"), ("not_equal", "ne"), ("less", "lt"), ("less_equal", "le"),
                 ("greater", "gt"), ("greater_equal", "ge"), ("logical_and", "logical_and"),
-                ("logical_or", "logical_or"), ("logical_xor", "logical_xor")):
+                ("logical_or", "logical_or"), ("logical_xor", "logical_xor"),
+                ("bitwise_and", "bitwise_and"), ("bitwise_or", "bitwise_or"),
+                ("bitwise_xor", "bitwise_xor")):
     globals()[_n] = _binary_fn(_op)
+invert = bitwise_not = bitwise_invert = _unary_fn("bitwise_not")  # NumPy's and the Array API's
 
 
 def where(cond, x, y):
@@ -907,4 +917,4 @@ def waitall(timeout: float | None = None):
 
 
 
-__all__ = ['NDArray', 'array', 'asarray', 'full', 'zeros', 'ones', 'empty', 'zeros_like', 'ones_like', 'full_like', 'empty_like', 'arange', 'linspace', 'eye', 'exp', 'log', 'log1p', 'expm1', 'sqrt', 'rsqrt', 'square', 'sin', 'cos', 'tanh', 'sigmoid', 'relu', 'abs', 'absolute', 'sign', 'floor', 'ceil', 'round', 'erf', 'logical_not', 'negative', 'stop_gradient', 'add', 'subtract', 'multiply', 'divide', 'true_divide', 'floor_divide', 'mod', 'power', 'maximum', 'minimum', 'equal', 'not_equal', 'less', 'less_equal', 'greater', 'greater_equal', 'logical_and', 'logical_or', 'logical_xor', 'where', 'clip', 'sum', 'prod', 'max', 'min', 'amax', 'amin', 'argmax', 'argmin', 'mean', 'var', 'std', 'matmul', 'dot', 'reshape', 'transpose', 'broadcast_to', 'concatenate', 'concat', 'expand_dims', 'squeeze', 'swapaxes', 'stack', 'split', 'tile', 'repeat', 'flatten', 'cumsum', 'softmax', 'log_softmax', 'one_hot', 'take', 'pick', 'waitall']
+__all__ = ['NDArray', 'array', 'asarray', 'full', 'zeros', 'ones', 'empty', 'zeros_like', 'ones_like', 'full_like', 'empty_like', 'arange', 'linspace', 'eye', 'exp', 'log', 'log1p', 'expm1', 'sqrt', 'rsqrt', 'square', 'sin', 'cos', 'tanh', 'sigmoid', 'relu', 'abs', 'absolute', 'sign', 'floor', 'ceil', 'round', 'erf', 'logical_not', 'negative', 'stop_gradient', 'add', 'subtract', 'multiply', 'divide', 'true_divide', 'floor_divide', 'mod', 'power', 'maximum', 'minimum', 'equal', 'not_equal', 'less', 'less_equal', 'greater', 'greater_equal', 'logical_and', 'logical_or', 'logical_xor', 'bitwise_and', 'bitwise_or', 'bitwise_xor', 'invert', 'bitwise_not', 'bitwise_invert', 'where', 'clip', 'sum', 'prod', 'max', 'min', 'amax', 'amin', 'argmax', 'argmin', 'mean', 'var', 'std', 'matmul', 'dot', 'reshape', 'transpose', 'broadcast_to', 'concatenate', 'concat', 'expand_dims', 'squeeze', 'swapaxes', 'stack', 'split', 'tile', 'repeat', 'flatten', 'cumsum', 'softmax', 'log_softmax', 'one_hot', 'take', 'pick', 'waitall']

@@ -755,3 +755,36 @@ def test_naive_engine_errors_and_recovery(naive_engine):
     with pytest.raises(hb.AsyncOpError, match="'take'"):
         y.asnumpy()
     assert_same(x * 2, [2.0, 4.0])
+
+
+@pytest.mark.parametrize("dtype", ["int8", "uint8", "int32", "int64", "bool"])
+def test_bitwise_operators_are_numpys(dtype):
+    # they were logical on every dtype: 5 & 3 gave True where NumPy gives 1
+    rng = np.random.default_rng(0)
+    if dtype == "bool":
+        a, b = rng.random(6) < 0.5, rng.random(6) < 0.5
+    else:
+        info = np.iinfo(dtype)
+        a, b = (rng.integers(info.min, info.max, 6, dtype=dtype) for _ in range(2))
+    x, y = hb.array(a, dtype=dtype), hb.array(b, dtype=dtype)
+    for got, want in ((x & y, a & b), (x | y, a | b), (x ^ y, a ^ b), (~x, ~a),
+                      (hb.bitwise_and(x, y), np.bitwise_and(a, b)),
+                      (hb.invert(x), np.invert(a))):
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got.asnumpy(), want)
+    if dtype != "bool":
+        np.testing.assert_array_equal((1 & x).asnumpy(), 1 & a)  # reflected, weak scalar
+        z = hb.array(a, dtype=dtype)
+        z |= y
+        np.testing.assert_array_equal(z.asnumpy(), a | b)
+
+    @hb.hybridize(backend="llvm")
+    def f(p, q):
+        return (p & q) ^ ~p | q
+    np.testing.assert_array_equal(f(x, y).asnumpy(), (a & b) ^ ~a | b)
+
+
+def test_bitwise_operators_refuse_floats_as_numpy_does():
+    from compiler.ops import OpError
+    with pytest.raises(OpError, match="bitwise_and.*dtype float32"):
+        hb.array([1.5]) & hb.array([2.0])

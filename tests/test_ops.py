@@ -360,6 +360,28 @@ for _name, _ref in (("eq", np.equal), ("ne", np.not_equal), ("lt", np.less),
             arith=False, float_scalar=0.5, int_scalar=1)
 
 
+# NumPy's bitwise operators: integers bit by bit, bools logically; floats refused
+def _bitwise_errors(binary):
+    def errors(rng):
+        f = rand(rng, (2,), "float32")
+        if not binary:
+            return [Sample((f,), match="dtype")]
+        i = rand(rng, (2, 3), "int32")
+        return [Sample((f, f), match="dtype"), Sample((i, 1.5), match="dtype"),
+                Sample((i, rand(rng, (4,), "int32")), match="cannot be broadcast")]
+    return errors
+
+
+# (their templates have no float argument to turn into a rejected dtype: the float
+# refusals are error samples)
+for _name, _ref in (("bitwise_and", np.bitwise_and), ("bitwise_or", np.bitwise_or),
+                    ("bitwise_xor", np.bitwise_xor)):
+    case(_name, binary_samples(rand, rand, True, None), _ref, INTS + ("bool",),
+         errors=_bitwise_errors(True))
+case("bitwise_not", unary_samples(), np.invert, INTS + ("bool",),
+     errors=_bitwise_errors(False))
+
+
 # ------------------------------------------------------------------ where and clip
 def _where_samples(rng, dt):
     c = lambda *s: rand(rng, s, "bool")  # noqa: E731

@@ -30,7 +30,8 @@ The protocol (every method returns a value; ``x``, ``y`` are values):
 ``select(c, x, y)``                x where c else y (c by truth value)
 ``cast(x, dtype)``                 ``astype`` semantics; float -> int truncates toward 0
 ``index()``                        the element's int64 index (source ops: arange, random)
-``shr(x, n)`` ``bitxor(x, y)``     integer bit operations (the counter-based RNG only)
+``shr(x, n)`` ``bitxor(x, y)``     integer bit operations (the counter-based RNG, and
+``bitand`` ``bitor``                NumPy's bitwise_and/or/xor/invert on integers and bools)
 =================================  ==============================================================
 
 :func:`eval_call` applies one ``Call`` node: when the call's result dtype is a float,
@@ -131,7 +132,7 @@ class ScalarBuilder:
 
     Primitives receive backend values already converted to one dtype ``dt``:
     ``_const(value, dt)``, ``_cast(v, src, dst)``, ``_unary(name, v, dt)``,
-    ``_binary(name, x, y, dt)`` (add sub mul div floordiv mod pow max min bitxor),
+    ``_binary(name, x, y, dt)`` (add sub mul div floordiv mod pow max min bitxor bitand bitor),
     ``_shr(v, n, dt)``, ``_cmp(name, x, y, dt)`` (bool result), ``_select(c, x, y, dt)``
     (``c`` is bool), ``_logical(name, x, y)`` on bools, ``_not(v)``.
     """
@@ -337,6 +338,12 @@ class ScalarBuilder:
     def bitxor(self, x, y):
         return self._bin("bitxor", x, y)
 
+    def bitand(self, x, y):
+        return self._bin("bitand", x, y)
+
+    def bitor(self, x, y):
+        return self._bin("bitor", x, y)
+
     def shr(self, x, n: int):
         x = self.typed(x)
         return Typed(self._shr(x.v, int(n), x.dtype), x.dtype)
@@ -464,6 +471,7 @@ _NP_UNARY = {"neg": np.negative, "abs": np.abs, "sign": np.sign, "floor": np.flo
 _NP_BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.true_divide,
               "floordiv": np.floor_divide, "mod": np.mod, "pow": np.power,
               "max": np.maximum, "min": np.minimum, "bitxor": np.bitwise_xor,
+              "bitand": np.bitwise_and, "bitor": np.bitwise_or,
               "atan2": np.arctan2, "hypot": np.hypot, "copysign": np.copysign}
 _NP_CMP = {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal,
            "gt": np.greater, "ge": np.greater_equal}

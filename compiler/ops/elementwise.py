@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from .core import (OpError, Spec, broadcast_shapes, check_dtype, dtype_name, is_scalar,
                    register, result_dtype, spec_of)
 from .composite import sum_to, zeros_like_grad
@@ -328,6 +330,26 @@ for _name in ("logical_and", "logical_or", "logical_xor"):
     _binary(_name, (lambda f: lambda xp, x, y: getattr(xp, f)(x, y))(_name),
             (lambda n: lambda b, x, y: getattr(b, n)(x, y))(_name), allowed="all",
             out_dtype="bool")
+
+# NumPy's bitwise operators (x & y, x | y, x ^ y, ~x) on integers and bools: on bools they
+# are the logical ones, with a bool result
+for _name, _bits in (("bitwise_and", "bitand"), ("bitwise_or", "bitor"),
+                     ("bitwise_xor", "bitxor")):
+    _binary(_name, (lambda f: lambda xp, x, y: getattr(xp, f)(x, y))(_name),
+            (lambda m: lambda b, x, y: getattr(b, m)(x, y))(_bits), allowed="intbool",
+            doc=f"x {_name.split('_')[1]} y, bit by bit (integers and bools)")
+
+
+def _invert_scalar(b, x):
+    x = b.typed(x)
+    if x.dtype == "bool":
+        return b.logical_not(x)
+    info = np.iinfo(x.dtype)  # every bit set: -1, or the largest unsigned value
+    return b.bitxor(x, b.const(-1 if info.min < 0 else info.max, x.dtype))
+
+
+_unary("bitwise_not", lambda xp, x: xp.invert(x), _invert_scalar, allowed="intbool",
+       doc="~x: every bit flipped (integers); logical not (bools)")
 
 
 # ---------------------------------------------------------------- where and clip

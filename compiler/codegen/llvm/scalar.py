@@ -239,6 +239,10 @@ class LLVMScalarBuilder(ScalarBuilder):
             return b.mul(x, y)
         if name == "bitxor":
             return b.xor(x, y)
+        if name == "bitand":
+            return b.and_(x, y)
+        if name == "bitor":
+            return b.or_(x, y)
         if name in ("max", "min"):
             cmp = b.icmp_signed if signed else b.icmp_unsigned
             return b.select(cmp(">" if name == "max" else "<", x, y), x, y)
