@@ -19,7 +19,8 @@ Otherwise each size compiles exactly, as before, and the recompiles log says why
 Padding rows are copies of a real row, so they compute finite values, and their zero
 output gradients contribute nothing to any parameter's gradient.
 
-``hybridize(static_shape=True)`` (MXNet's flag) or ``HYBRID_BUCKETS=0`` turns buckets off.
+``hybridize(static_shape=True)`` (MXNet's flag) or ``HYBRID_BUCKETS=0`` turns buckets off;
+the ``reference`` backend (the NumPy oracle) never uses them: it runs every size exactly.
 """
 from __future__ import annotations
 
@@ -122,6 +123,8 @@ def lookup(cf, sig, leaves, tree, args, kwargs):
                   and _family(s)[0] == family and _family(s)[1] != size), None)
     if first is None:
         return None  # the first size of this family: compiled exactly
+    if first.backend == "reference":  # the oracle runs each size as it is, bit for bit
+        return None
     padded = bucket_of(size)
     if padded is None:
         return None

@@ -26,6 +26,8 @@ GOOD = {  # flag -> (environment text, parsed value)
     "HYBRID_HOST_POOL_MB": ("0", 0.0),
     "HYBRID_GPU_EMULATE": ("2", 2),
     "HYBRID_CUDA_GRAPHS": ("off", False),
+    "HYBRID_BUCKETS": ("0", False),
+    "HYBRID_EAGER_KERNELS": ("no", False),
 }
 BAD = {  # flag -> values that must be refused
     "HYBRID_ENGINE": ["eager", "1"],
@@ -41,6 +43,8 @@ BAD = {  # flag -> values that must be refused
     "HYBRID_HOST_POOL_MB": ["lots", "-1", "inf"],
     "HYBRID_GPU_EMULATE": ["two", "-1", "1.5"],
     "HYBRID_CUDA_GRAPHS": ["sometimes"],
+    "HYBRID_BUCKETS": ["maybe"],
+    "HYBRID_EAGER_KERNELS": ["auto"],
 }
 
 
