@@ -287,6 +287,10 @@ class NDArray:
     def __ror__(self, o): return apply("bitwise_or", (o, self), {})
     def __xor__(self, o): return apply("bitwise_xor", (self, o), {})
     def __rxor__(self, o): return apply("bitwise_xor", (o, self), {})
+    def __lshift__(self, o): return apply("left_shift", (self, o), {})
+    def __rlshift__(self, o): return apply("left_shift", (o, self), {})
+    def __rshift__(self, o): return apply("right_shift", (self, o), {})
+    def __rrshift__(self, o): return apply("right_shift", (o, self), {})
     def __eq__(self, o): return apply("eq", (self, o), {})  # noqa: D105
     def __ne__(self, o): return apply("ne", (self, o), {})
     def __lt__(self, o): return apply("lt", (self, o), {})
@@ -318,6 +322,8 @@ class NDArray:
     def __iand__(self, o): return self._inplace("bitwise_and", o)
     def __ior__(self, o): return self._inplace("bitwise_or", o)
     def __ixor__(self, o): return self._inplace("bitwise_xor", o)
+    def __ilshift__(self, o): return self._inplace("left_shift", o)
+    def __irshift__(self, o): return self._inplace("right_shift", o)
 
     def __getitem__(self, key):
         from .indexing import getitem  # noqa: PLC0415 - indexing imports this module
@@ -750,7 +756,9 @@ for _n, _op in (("add", "add"), ("subtract", "sub"), ("multiply", "mul"), ("divi
                 ("greater", "gt"), ("greater_equal", "ge"), ("logical_and", "logical_and"),
                 ("logical_or", "logical_or"), ("logical_xor", "logical_xor"),
                 ("bitwise_and", "bitwise_and"), ("bitwise_or", "bitwise_or"),
-                ("bitwise_xor", "bitwise_xor")):
+                ("bitwise_xor", "bitwise_xor"), ("left_shift", "left_shift"),
+                ("right_shift", "right_shift"), ("bitwise_left_shift", "left_shift"),
+                ("bitwise_right_shift", "right_shift")):
     globals()[_n] = _binary_fn(_op)
 invert = bitwise_not = bitwise_invert = _unary_fn("bitwise_not")  # NumPy's and the Array API's
 
@@ -917,4 +925,4 @@ def waitall(timeout: float | None = None):
 
 
 
-__all__ = ['NDArray', 'array', 'asarray', 'full', 'zeros', 'ones', 'empty', 'zeros_like', 'ones_like', 'full_like', 'empty_like', 'arange', 'linspace', 'eye', 'exp', 'log', 'log1p', 'expm1', 'sqrt', 'rsqrt', 'square', 'sin', 'cos', 'tanh', 'sigmoid', 'relu', 'abs', 'absolute', 'sign', 'floor', 'ceil', 'round', 'erf', 'logical_not', 'negative', 'stop_gradient', 'add', 'subtract', 'multiply', 'divide', 'true_divide', 'floor_divide', 'mod', 'power', 'maximum', 'minimum', 'equal', 'not_equal', 'less', 'less_equal', 'greater', 'greater_equal', 'logical_and', 'logical_or', 'logical_xor', 'bitwise_and', 'bitwise_or', 'bitwise_xor', 'invert', 'bitwise_not', 'bitwise_invert', 'where', 'clip', 'sum', 'prod', 'max', 'min', 'amax', 'amin', 'argmax', 'argmin', 'mean', 'var', 'std', 'matmul', 'dot', 'reshape', 'transpose', 'broadcast_to', 'concatenate', 'concat', 'expand_dims', 'squeeze', 'swapaxes', 'stack', 'split', 'tile', 'repeat', 'flatten', 'cumsum', 'softmax', 'log_softmax', 'one_hot', 'take', 'pick', 'waitall']
+__all__ = ['NDArray', 'array', 'asarray', 'full', 'zeros', 'ones', 'empty', 'zeros_like', 'ones_like', 'full_like', 'empty_like', 'arange', 'linspace', 'eye', 'exp', 'log', 'log1p', 'expm1', 'sqrt', 'rsqrt', 'square', 'sin', 'cos', 'tanh', 'sigmoid', 'relu', 'abs', 'absolute', 'sign', 'floor', 'ceil', 'round', 'erf', 'logical_not', 'negative', 'stop_gradient', 'add', 'subtract', 'multiply', 'divide', 'true_divide', 'floor_divide', 'mod', 'power', 'maximum', 'minimum', 'equal', 'not_equal', 'less', 'less_equal', 'greater', 'greater_equal', 'logical_and', 'logical_or', 'logical_xor', 'bitwise_and', 'bitwise_or', 'bitwise_xor', 'left_shift', 'right_shift', 'bitwise_left_shift', 'bitwise_right_shift', 'invert', 'bitwise_not', 'bitwise_invert', 'where', 'clip', 'sum', 'prod', 'max', 'min', 'amax', 'amin', 'argmax', 'argmin', 'mean', 'var', 'std', 'matmul', 'dot', 'reshape', 'transpose', 'broadcast_to', 'concatenate', 'concat', 'expand_dims', 'squeeze', 'swapaxes', 'stack', 'split', 'tile', 'repeat', 'flatten', 'cumsum', 'softmax', 'log_softmax', 'one_hot', 'take', 'pick', 'waitall']

@@ -773,6 +773,12 @@ def test_bitwise_operators_are_numpys(dtype):
         assert got.dtype == want.dtype
         np.testing.assert_array_equal(got.asnumpy(), want)
     if dtype != "bool":
+        k = (np.arange(6) % 9).astype(dtype)  # counts up to and past the width of int8
+        s = hb.array(k, dtype=dtype)
+        for got, want in ((x << s, a << k), (x >> s, a >> k), (hb.right_shift(x, 1), a >> 1),
+                          (1 << s, 1 << k)):
+            assert got.dtype == want.dtype
+            np.testing.assert_array_equal(got.asnumpy(), want)
         np.testing.assert_array_equal((1 & x).asnumpy(), 1 & a)  # reflected, weak scalar
         z = hb.array(a, dtype=dtype)
         z |= y

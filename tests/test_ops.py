@@ -382,6 +382,22 @@ case("bitwise_not", unary_samples(), np.invert, INTS + ("bool",),
      errors=_bitwise_errors(False))
 
 
+def _shift_count(rng, shape, dt):  # in range, negative and past the width (NumPy: 0 or -1)
+    bits = np.dtype(dt).itemsize * 8
+    lo = -3 if np.iinfo(dt).min < 0 else 0
+    return rng.integers(lo, bits + 3, size=shape).astype(dt)
+
+
+def _shift_errors(rng):
+    b = rand(rng, (2,), "bool")
+    return _bitwise_errors(True)(rng) + [Sample((b, b), match="dtype")]
+
+
+for _name, _ref in (("left_shift", np.left_shift), ("right_shift", np.right_shift)):
+    case(_name, binary_samples(rand, _shift_count, True, None, 3), _ref, INTS,
+         errors=_shift_errors)
+
+
 # ------------------------------------------------------------------ where and clip
 def _where_samples(rng, dt):
     c = lambda *s: rand(rng, s, "bool")  # noqa: E731

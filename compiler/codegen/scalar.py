@@ -132,7 +132,7 @@ class ScalarBuilder:
 
     Primitives receive backend values already converted to one dtype ``dt``:
     ``_const(value, dt)``, ``_cast(v, src, dst)``, ``_unary(name, v, dt)``,
-    ``_binary(name, x, y, dt)`` (add sub mul div floordiv mod pow max min bitxor bitand bitor),
+    ``_binary(name, x, y, dt)`` (add sub mul div floordiv mod pow max min bitxor bitand bitor shl shr),
     ``_shr(v, n, dt)``, ``_cmp(name, x, y, dt)`` (bool result), ``_select(c, x, y, dt)``
     (``c`` is bool), ``_logical(name, x, y)`` on bools, ``_not(v)``.
     """
@@ -341,6 +341,24 @@ class ScalarBuilder:
     def bitand(self, x, y):
         return self._bin("bitand", x, y)
 
+    def shift(self, name, x, y):
+        """NumPy's left_shift/right_shift (``name`` 'shl' | 'shr') of integers: a shift by
+        the width or more, or by a negative count, gives 0 (a negative x shifted right: -1)
+        where C and LLVM leave it undefined; the count used is clamped first."""
+        xv, yv, dt = self._unify(x, y)
+        x, y = Typed(xv, dt), Typed(yv, dt)
+        bits = np.dtype(dt).itemsize * 8
+        ok = self.logical_and(self.cmp("ge", y, self.const(0, dt)),
+                              self.cmp("lt", y, self.const(bits, dt)))
+        count = self.select(ok, y, self.const(0, dt))
+        moved = Typed(self._binary(name, x.v, count.v, dt), dt)
+        if name == "shr" and np.dtype(dt).kind == "i":
+            spill = self.select(self.cmp("lt", x, self.const(0, dt)), self.const(-1, dt),
+                                self.const(0, dt))
+        else:
+            spill = self.const(0, dt)
+        return self.select(ok, moved, spill)
+
     def bitor(self, x, y):
         return self._bin("bitor", x, y)
 
@@ -471,7 +489,8 @@ _NP_UNARY = {"neg": np.negative, "abs": np.abs, "sign": np.sign, "floor": np.flo
 _NP_BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.true_divide,
               "floordiv": np.floor_divide, "mod": np.mod, "pow": np.power,
               "max": np.maximum, "min": np.minimum, "bitxor": np.bitwise_xor,
-              "bitand": np.bitwise_and, "bitor": np.bitwise_or,
+              "bitand": np.bitwise_and, "bitor": np.bitwise_or, "shl": np.left_shift,
+              "shr": np.right_shift,
               "atan2": np.arctan2, "hypot": np.hypot, "copysign": np.copysign}
 _NP_CMP = {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal,
            "gt": np.greater, "ge": np.greater_equal}

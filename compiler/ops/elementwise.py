@@ -348,6 +348,12 @@ def _invert_scalar(b, x):
     return b.bitxor(x, b.const(-1 if info.min < 0 else info.max, x.dtype))
 
 
+for _name, _dir in (("left_shift", "shl"), ("right_shift", "shr")):
+    _binary(_name, (lambda f: lambda xp, x, y: getattr(xp, f)(x, y))(_name),
+            (lambda d: lambda b, x, y: b.shift(d, x, y))(_dir), allowed="int",
+            doc=f"x {'<<' if _dir == 'shl' else '>>'} y (integers; NumPy's answer for "
+                "counts past the width)")
+
 _unary("bitwise_not", lambda xp, x: xp.invert(x), _invert_scalar, allowed="intbool",
        doc="~x: every bit flipped (integers); logical not (bools)")
 

@@ -235,8 +235,8 @@ class CudaScalarBuilder(ScalarBuilder):
             if w:
                 return self.emit(dt, f"({ct})(({w}){x} {op} ({w}){y})")
             return self.emit(dt, f"({ct})({x} {op} {y})")
-        if name in ("bitxor", "bitand", "bitor"):
-            op = {"bitxor": "^", "bitand": "&", "bitor": "|"}[name]
+        if name in ("bitxor", "bitand", "bitor", "shl", "shr"):
+            op = {"bitxor": "^", "bitand": "&", "bitor": "|", "shl": "<<", "shr": ">>"}[name]
             return self.emit(dt, f"({ct})({x} {op} {y})")
         if name in ("max", "min"):
             return self.emit(dt, f"({x} {'>' if name == 'max' else '<'} {y} ? {x} : {y})")

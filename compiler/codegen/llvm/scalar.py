@@ -243,6 +243,10 @@ class LLVMScalarBuilder(ScalarBuilder):
             return b.and_(x, y)
         if name == "bitor":
             return b.or_(x, y)
+        if name == "shl":
+            return b.shl(x, y)
+        if name == "shr":
+            return b.ashr(x, y) if signed else b.lshr(x, y)
         if name in ("max", "min"):
             cmp = b.icmp_signed if signed else b.icmp_unsigned
             return b.select(cmp(">" if name == "max" else "<", x, y), x, y)
