@@ -51,7 +51,7 @@ def _unary(name, impl, scalar, grad=None, allowed="numeric", float_out=False, ou
 def _in_float(impl):
     """Integer inputs compute in float32 (NumPy would pick float16 for 8-bit integers)."""
     def run(xp, x):
-        if hasattr(x, "dtype") and not x.dtype.name.startswith("float"):
+        if hasattr(x, "dtype") and x.dtype.kind != "f":  # (.name builds a string per call)
             x = x.astype("float32")
         return impl(xp, x)
     return run
