@@ -358,7 +358,12 @@ def _reverse_scan(F, vjp: Graph, sources, wrt, n_data, n_states, seqs, states, c
             row_args.append({"data": seqs, "state": states_seq, "out": saved}[kind][i])
     grads = dict(zip(wrt, vg.outputs))
     first_cap = n_data + n_states
-    wrt_caps = [i for i in wrt if i >= first_cap]
+    # a captured weight whose per-step gradient is a^T b (a recurrent matmul's weight) is
+    # summed after the loop as ONE product over all steps' rows, A^T B, as cuDNN and
+    # PyTorch do; the others are summed in carried accumulators
+    hoisted = {i: ab for i in wrt if i >= first_cap
+               for ab in [_outer_product(vg, grads[i])] if ab is not None}
+    wrt_caps = [i for i in wrt if i >= first_cap and i not in hoisted]
     acc_in, new_acc = [], []
     for i in wrt_caps:
         acc = vg.add_input(vg.spec(grads[i]), f"acc{i}")
@@ -374,7 +379,8 @@ def _reverse_scan(F, vjp: Graph, sources, wrt, n_data, n_states, seqs, states, c
                                                      "dtype": spec.dtype}).id)
     float_rows = [i for i in range(n_data) if i in grads]
     vg.inputs = row_in + cot_in[:n_out] + cot_in[n_out:] + acc_in + cap_in
-    vg.outputs = [grads[i] for i in float_rows] + new_g_states + new_acc
+    products = [x for i in hoisted for x in hoisted[i]]
+    vg.outputs = [grads[i] for i in float_rows] + products + new_g_states + new_acc
     vg.name = f"{vjp.name}_scan"
     vg.remove_dead()
     data = row_args + list(g_seq)
@@ -383,16 +389,36 @@ def _reverse_scan(F, vjp: Graph, sources, wrt, n_data, n_states, seqs, states, c
     lead = [count] if count is not None else []
     node = F.foreach(*(lead + data + init + cap_args), body=Body(vg), n_data=len(data),
                      n_states=len(init), reverse=True, counted=count is not None)
-    res = _results_of(node.graph, node.id, len(float_rows) + 2 * len(init), F)
+    n_rows = len(float_rows) + len(products)
+    res = _results_of(node.graph, node.id, n_rows + 2 * len(init), F)
     g_rows = [None] * n_data
     for j, i in enumerate(float_rows):
         g_rows[i] = res[j]
-    finals = res[len(float_rows):len(float_rows) + len(init)]
+    finals = res[n_rows:n_rows + len(init)]
     g_init = [finals[k] if _is_float(states[k]) else None for k in range(n_states)]
     g_caps = [None] * len(caps)
     for j, i in enumerate(wrt_caps):
         g_caps[i - first_cap] = finals[n_states + j]
+    stacked = iter(res[len(float_rows):n_rows])
+    for i in hoisted:  # sum over steps of a_t^T b_t = A^T B, the steps' rows stacked
+        a, bb = next(stacked), next(stacked)
+        (steps, m, k), n = a.shape, bb.shape[2]
+        g_caps[i - first_cap] = F.matmul(F.transpose(F.reshape(a, shape=(steps * m, k)),
+                                                     axes=(1, 0)),
+                                         F.reshape(bb, shape=(steps * m, n)))
     return g_rows, g_init, g_caps
+
+
+def _outer_product(g: Graph, node):
+    """(a, b) when ``node`` is ``matmul(transpose(a), b)`` of 2-D values, else None."""
+    if g.op(node) != "matmul":
+        return None
+    p, q = g.arg_ids(node)
+    if g.op(p) != "transpose" or g.node(p)["attrs"].get("axes") not in ((1, 0), None) or \
+            g.spec(p).ndim != 2 or g.spec(q).ndim != 2:
+        return None
+    (a,) = g.arg_ids(p)
+    return a, q
 
 
 def _foreach_grad(F, inputs, res, g, attrs):
