@@ -183,16 +183,12 @@ def repeat(F, x, repeats, axis=None):
 _SCAN_BLOCK = 256  # elements summed by one triangular matmul (a 256 x 256 mask: 64K values)
 
 
-def cumsum(F, x, axis=None, dtype=None):
-    """NumPy's cumsum, composed: a prefix sum is a product with a triangular matrix of ones,
-    taken per block of ``_SCAN_BLOCK`` with the blocks' totals scanned the same way (work
-    O(n * block), memory O(n)). No scan primitive is needed, so gradients (the reversed
-    scan) and code generation come from matmul, slice and add. Bool and small integers add
-    up in int64, as in NumPy."""
-    dt = spec_of(x).dtype
-    if dtype is not None:
-        dt = dtype
-    elif dt in ("bool", "int8", "uint8", "int32"):
+def scan_operand(F, x, axis, dtype, who):
+    """(x, axis, dtype) of a cumulative sum or product, as NumPy: bool and small integers
+    accumulate in int64 unless ``dtype`` says otherwise, axis None scans the flattened
+    array; ``axis`` comes back non-negative (0 for a 0-d x)."""
+    dt = dtype or spec_of(x).dtype
+    if dtype is None and dt in ("bool", "int8", "uint8", "int32"):
         dt = "int64"
     if spec_of(x).dtype != dt:
         x = F.cast(x, dtype=dt)
@@ -200,9 +196,19 @@ def cumsum(F, x, axis=None, dtype=None):
         x = F.reshape(x, shape=(int(math.prod(_shape(x))),))
         axis = 0
     nd = len(_shape(x))
+    return x, (normalize_axis(axis, nd, who)[0] if nd else 0), dt
+
+
+def cumsum(F, x, axis=None, dtype=None):
+    """NumPy's cumsum, composed: a prefix sum is a product with a triangular matrix of ones,
+    taken per block of ``_SCAN_BLOCK`` with the blocks' totals scanned the same way (work
+    O(n * block), memory O(n)). No scan primitive is needed, so gradients (the reversed
+    scan) and code generation come from matmul, slice and add. Bool and small integers add
+    up in int64, as in NumPy."""
+    x, axis, dt = scan_operand(F, x, axis, dtype, "cumsum")
+    nd = len(_shape(x))
     if nd == 0:
-        return F.reshape(x, shape=(1,))  # NumPy: the 0-d array as a 1-element prefix sum
-    axis = normalize_axis(axis, nd, "cumsum")[0]
+        return F.reshape(x, shape=(1,))  # NumPy: the 0-d array as a 1-element scan
     if axis != nd - 1:
         x = swapaxes(F, x, axis, -1)
     out = _cumsum_last(F, x, dt)

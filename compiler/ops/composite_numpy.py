@@ -11,7 +11,7 @@ import math
 import numbers
 import string
 
-from .composite import expand_dims, swapaxes
+from .composite import expand_dims, scan_operand, swapaxes
 from .core import FLOAT_DTYPES, INT_DTYPES, broadcast_shapes, normalize_axis, spec_of
 
 _LN2 = math.log(2.0)
@@ -392,18 +392,10 @@ def cumprod(F, x, axis=None, dtype=None):
     """NumPy's cumprod as a product over a masked copy: out[i] = prod(x[j] for j <= i) along
     the axis, from an (..., n, n) array, so O(n**2) work and memory; fine for the short axes
     it is used on. Gradients come from the prod primitive (zeros included)."""
-    dt = dtype or _dt(x)
-    if dtype is None and dt in ("bool", "int8", "uint8", "int32"):
-        dt = "int64"
-    if _dt(x) != dt:
-        x = F.cast(x, dtype=dt)
-    if axis is None:
-        x = F.reshape(x, shape=(int(math.prod(_shape(x))),))
-        axis = 0
+    x, axis, dt = scan_operand(F, x, axis, dtype, "cumprod")
     nd = len(_shape(x))
     if nd == 0:
         return F.reshape(x, shape=(1,))
-    axis = _axis(axis, nd, "cumprod")
     x = swapaxes(F, x, axis, -1) if axis != nd - 1 else x
     n = _shape(x)[-1]
     j = F.reshape(F.arange(start=0, stop=n, step=1, dtype="int64"), shape=(1, n))

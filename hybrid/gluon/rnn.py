@@ -4,32 +4,8 @@
 hybrid.nn.rnn_layers / hybrid.nn.rnn_cells, never copies; their module docstrings write down
 the equations and gate orders.
 """
-from ..nn.rnn_cells import (
-    BidirectionalCell,
-    DropoutCell,
-    GRUCell,
-    HybridRecurrentCell,
-    HybridSequentialRNNCell,
-    LSTMCell,
-    RecurrentCell,
-    ResidualCell,
-    RNNCell,
-    SequentialRNNCell,
-)
+from ..nn import rnn_cells as _cells
+from ..nn.rnn_cells import *  # noqa: F403 - the cells, listed in rnn_cells.__all__
 from ..nn.rnn_layers import GRU, LSTM, RNN
 
-__all__ = [
-    "GRU",
-    "LSTM",
-    "RNN",
-    "BidirectionalCell",
-    "DropoutCell",
-    "GRUCell",
-    "HybridRecurrentCell",
-    "HybridSequentialRNNCell",
-    "LSTMCell",
-    "RNNCell",
-    "RecurrentCell",
-    "ResidualCell",
-    "SequentialRNNCell",
-]
+__all__ = ["GRU", "LSTM", "RNN"] + _cells.__all__

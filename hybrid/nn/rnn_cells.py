@@ -160,9 +160,7 @@ class RecurrentCell(HybridBlock):
         run in ``npx.foreach``: one loop node when hybridized.
         """
         who = f"{type(self).__name__}.unroll"
-        if valid_length is not None:
-            raise NotImplementedError(f"{who}: valid_length (per-sequence lengths) is not "
-                                      "supported; mask the outputs with npx.sequence_mask")
+        _refuse_valid_length(who, valid_length)
         if layout not in ("NTC", "TNC"):
             raise ValueError(f"{who}: layout must be 'NTC' or 'TNC', got {layout!r}")
         length = int(length)
@@ -198,6 +196,12 @@ class RecurrentCell(HybridBlock):
 
 
 HybridRecurrentCell = RecurrentCell  # MXNet's two names, one class here
+
+
+def _refuse_valid_length(who, valid_length):
+    if valid_length is not None:
+        raise NotImplementedError(f"{who}: valid_length (per-sequence lengths) is not "
+                                  "supported; mask the outputs with npx.sequence_mask")
 
 
 class _GatedCell(RecurrentCell):
@@ -272,11 +276,9 @@ class RNNCell(_GatedCell):
         return h, [h]
 
 
-class LSTMCell(_GatedCell):
-    """An LSTM cell, gates [i, f, c, o] (see the module docstring); states [h, c]."""
-
-    _gates = 4
-    _n_states = 2
+class _TwoActivationCell(_GatedCell):
+    """LSTM and GRU cells: MXNet's constructor, with an activation and a recurrent (gate)
+    activation."""
 
     def __init__(self, hidden_size, i2h_weight_initializer=None, h2h_weight_initializer=None,
                  i2h_bias_initializer="zeros", h2h_bias_initializer="zeros", input_size=0,
@@ -285,8 +287,15 @@ class LSTMCell(_GatedCell):
         super().__init__(hidden_size, i2h_weight_initializer, h2h_weight_initializer,
                          i2h_bias_initializer, h2h_bias_initializer, input_size, dtype,
                          **kwargs)
-        self._act = check_act("LSTMCell", activation)
-        self._rec_act = check_act("LSTMCell", recurrent_activation)
+        self._act = check_act(type(self).__name__, activation)
+        self._rec_act = check_act(type(self).__name__, recurrent_activation)
+
+
+class LSTMCell(_TwoActivationCell):
+    """An LSTM cell, gates [i, f, c, o] (see the module docstring); states [h, c]."""
+
+    _gates = 4
+    _n_states = 2
 
     def forward(self, inputs, states):
         gi, states, whT, bh = self._prepare(inputs, states)
@@ -294,21 +303,11 @@ class LSTMCell(_GatedCell):
         return h, [h, c]
 
 
-class GRUCell(_GatedCell):
+class GRUCell(_TwoActivationCell):
     """A GRU cell, gates [r, z, n], MXNet's n = tanh(W_in x + b_in + r * (W_hn h + b_hn));
     states [h]."""
 
     _gates = 3
-
-    def __init__(self, hidden_size, i2h_weight_initializer=None, h2h_weight_initializer=None,
-                 i2h_bias_initializer="zeros", h2h_bias_initializer="zeros", input_size=0,
-                 activation="tanh", recurrent_activation="sigmoid", dtype="float32",
-                 **kwargs):
-        super().__init__(hidden_size, i2h_weight_initializer, h2h_weight_initializer,
-                         i2h_bias_initializer, h2h_bias_initializer, input_size, dtype,
-                         **kwargs)
-        self._act = check_act("GRUCell", activation)
-        self._rec_act = check_act("GRUCell", recurrent_activation)
 
     def forward(self, inputs, states):
         gi, states, whT, bh = self._prepare(inputs, states)
@@ -426,8 +425,7 @@ class BidirectionalCell(RecurrentCell):
     def unroll(self, length, inputs, begin_state=None, layout="NTC", merge_outputs=None,
                valid_length=None):
         who = "BidirectionalCell.unroll"
-        if valid_length is not None:
-            raise NotImplementedError(f"{who}: valid_length is not supported")
+        _refuse_valid_length(who, valid_length)
         if layout not in ("NTC", "TNC"):
             raise ValueError(f"{who}: layout must be 'NTC' or 'TNC', got {layout!r}")
         single = isinstance(inputs, NDArray)

@@ -58,6 +58,10 @@ LIBM_ONLY = frozenset(("tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "
                        "atanh"))
 
 
+# integer bit operations: one LLVM instruction each (shr depends on the sign)
+_BIT_OPS = {"bitxor": "xor", "bitand": "and_", "bitor": "or_", "shl": "shl"}
+
+
 class Intrinsics:
     """Declarations of intrinsics and libm functions in one module."""
 
@@ -237,14 +241,8 @@ class LLVMScalarBuilder(ScalarBuilder):
             return b.sub(x, y)
         if name == "mul":
             return b.mul(x, y)
-        if name == "bitxor":
-            return b.xor(x, y)
-        if name == "bitand":
-            return b.and_(x, y)
-        if name == "bitor":
-            return b.or_(x, y)
-        if name == "shl":
-            return b.shl(x, y)
+        if name in _BIT_OPS:
+            return getattr(b, _BIT_OPS[name])(x, y)
         if name == "shr":
             return b.ashr(x, y) if signed else b.lshr(x, y)
         if name in ("max", "min"):
