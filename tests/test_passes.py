@@ -227,3 +227,26 @@ def test_random_graphs_llvm_backend_matches_reference(g, seed):
     for e, r in zip(expect, got):
         assert r.shape == e.shape and r.dtype == e.dtype
         np.testing.assert_allclose(r, e, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("where", ["input", "arena"])
+def test_matmul_reads_a_reshaped_then_transposed_operand_with_its_flag(where):
+    """A (T, N, H) value reshaped to (T*N, H) and transposed feeds a matmul through its
+    transpose flag (a view slot of the stored shape), not a materialized transposed copy: the
+    recurrent weight's gradient A^T B after a reverse scan. From an input and from a value
+    computed in the arena."""
+    from compiler.codegen.lower import lower
+    from compiler.pipeline import compile as compile_graph
+    g, (a, b) = _g((5, 4, 6), (20, 3))
+    src = op(g, "tanh", a) if where == "arena" else a
+    flat = op(g, "reshape", src, shape=(20, 6))
+    g.outputs = [op(g, "matmul", op(g, "transpose", flat, axes=(1, 0)), b)]
+    program, _ = lower(run_passes(g)[0])
+    mm = [s for s in program.steps if getattr(s, "op", None) == "matmul"]
+    assert len(mm) == 1 and mm[0].attr_dict.get("transpose_a")
+    assert not [s for s in program.steps if getattr(s, "name", "") == "copy"]
+    rng = np.random.default_rng(0)
+    ins = [rng.standard_normal(s).astype(np.float32) for s in ((5, 4, 6), (20, 3))]
+    got = compile_graph(g, "llvm")(np, ins, [])[0]
+    x = np.tanh(ins[0]) if where == "arena" else ins[0]
+    np.testing.assert_allclose(got, x.reshape(20, 6).T @ ins[1], rtol=1e-5, atol=1e-5)

@@ -347,8 +347,8 @@ class _Lowering:
                 lay = self._contig(slot, sp.shape)
                 self.pb.loop(sp.shape, loads, [Output(self._access(lay, sp.shape), expr)])
                 self.layouts[a] = lay
-            if g.op(ext) == "matmul" and self._transposed_2d(a):
-                src_slot = self.layouts[a].slot
+            src_slot = self._transposed_2d(a) if g.op(ext) == "matmul" else None
+            if src_slot is not None:
                 ins.append(src_slot)
                 attrs["transpose_a" if k == 0 else "transpose_b"] = True
             else:
@@ -380,13 +380,25 @@ class _Lowering:
                      name=f"k{gid}_epilogue")
         self.layouts[root] = out_lay
 
-    def _transposed_2d(self, n) -> bool:
+    def _transposed_2d(self, n):
+        """A slot holding node n's 2-D value transposed, contiguous, or None: a matmul reads
+        it with its transpose flag instead of a materialized copy. The data may sit in a
+        slot of another shape with the same elements (the reverse scan's stacked (T, N, 4H)
+        gate gradients, reshaped to (T*N, 4H) and transposed): then a view slot of the
+        untransposed shape, as _whole_slot makes for a reshape."""
         lay = self.layouts[n]
         if len(lay.shape) != 2 or lay.offset != 0:
-            return False
+            return None
         slot = self.pb.slots[lay.slot]
         r, c = lay.shape
-        return tuple(slot.shape) == (c, r) and tuple(lay.strides) == (1, r)
+        if tuple(lay.strides) != (1, r) or slot.size != r * c:
+            return None
+        if tuple(slot.shape) == (c, r):
+            return lay.slot
+        if slot.in_arena:
+            return self.pb.temp((c, r), slot.dtype, offset=slot.offset)
+        return self._io_slot(slot.role if slot.role != "output" else "param", (c, r),
+                             slot.dtype, ("alias", lay.slot))
 
     def _movement_group(self, gid, grp):
         g = self.g
