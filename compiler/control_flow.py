@@ -379,8 +379,19 @@ def _reverse_scan(F, vjp: Graph, sources, wrt, n_data, n_states, seqs, states, c
                                                      "dtype": spec.dtype}).id)
     float_rows = [i for i in range(n_data) if i in grads]
     vg.inputs = row_in + cot_in[:n_out] + cot_in[n_out:] + acc_in + cap_in
-    products = [x for i in hoisted for x in hoisted[i]]
-    vg.outputs = [grads[i] for i in float_rows] + products + new_g_states + new_acc
+    # a product's operands come from the scan's rows: a residual row already stacked (the
+    # state each step started from) is read where it is, a value the scan outputs anyway
+    # (the gates' gradient) is not output twice; each output row is a per-step copy
+    row_outs = [grads[i] for i in float_rows]
+
+    def stacked(x):
+        if x in row_in:
+            return ("row", row_in.index(x))
+        if x not in row_outs:
+            row_outs.append(x)
+        return ("out", row_outs.index(x))
+    operands = {i: [stacked(x) for x in hoisted[i][:2]] for i in hoisted}
+    vg.outputs = row_outs + new_g_states + new_acc
     vg.name = f"{vjp.name}_scan"
     vg.remove_dead()
     data = row_args + list(g_seq)
@@ -389,7 +400,7 @@ def _reverse_scan(F, vjp: Graph, sources, wrt, n_data, n_states, seqs, states, c
     lead = [count] if count is not None else []
     node = F.foreach(*(lead + data + init + cap_args), body=Body(vg), n_data=len(data),
                      n_states=len(init), reverse=True, counted=count is not None)
-    n_rows = len(float_rows) + len(products)
+    n_rows = len(row_outs)
     res = _results_of(node.graph, node.id, n_rows + 2 * len(init), F)
     g_rows = [None] * n_data
     for j, i in enumerate(float_rows):
@@ -399,18 +410,24 @@ def _reverse_scan(F, vjp: Graph, sources, wrt, n_data, n_states, seqs, states, c
     g_caps = [None] * len(caps)
     for j, i in enumerate(wrt_caps):
         g_caps[i - first_cap] = finals[n_states + j]
-    stacked = iter(res[len(float_rows):n_rows])
     for i in hoisted:  # sum over steps of a_t^T b_t = A^T B, the steps' rows stacked
-        a, bb = next(stacked), next(stacked)
+        # (a counted scan's rows past its count: zero gradients, finite residuals)
+        a, bb = [row_args[j] if kind == "row" else res[j] for kind, j in operands[i]]
         (steps, m, k), n = a.shape, bb.shape[2]
-        g_caps[i - first_cap] = F.matmul(F.transpose(F.reshape(a, shape=(steps * m, k)),
-                                                     axes=(1, 0)),
-                                         F.reshape(bb, shape=(steps * m, n)))
+        total = F.matmul(F.transpose(F.reshape(a, shape=(steps * m, k)), axes=(1, 0)),
+                         F.reshape(bb, shape=(steps * m, n)))
+        g_caps[i - first_cap] = F.transpose(total, axes=(1, 0)) if hoisted[i][2] else total
     return g_rows, g_init, g_caps
 
 
 def _outer_product(g: Graph, node):
-    """(a, b) when ``node`` is ``matmul(transpose(a), b)`` of 2-D values, else None."""
+    """(a, b, False) when ``node`` is ``matmul(transpose(a), b)`` of 2-D values, (a, b, True)
+    when it is that product transposed (the gradient of a weight the body transposes itself,
+    ``s @ W.T``), else None."""
+    if g.op(node) == "transpose" and g.spec(node).ndim == 2 and \
+            g.node(node)["attrs"].get("axes") in ((1, 0), None):
+        inner = _outer_product(g, g.arg_ids(node)[0])
+        return None if inner is None or inner[2] else inner[:2] + (True,)
     if g.op(node) != "matmul":
         return None
     p, q = g.arg_ids(node)
@@ -418,7 +435,7 @@ def _outer_product(g: Graph, node):
             g.spec(p).ndim != 2 or g.spec(q).ndim != 2:
         return None
     (a,) = g.arg_ids(p)
-    return a, q
+    return a, q, False
 
 
 def _foreach_grad(F, inputs, res, g, attrs):

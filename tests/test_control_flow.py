@@ -392,3 +392,31 @@ def test_llvm_loop_runs_in_one_native_call_or_into_preallocated_rows(monkeypatch
         assert calls == {"steps": [(7, False)], "into": [True] * 7}
     for a, b in zip(_flat(want), _flat(got)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_reverse_scan_writes_each_row_once(monkeypatch):
+    """The recurrent weight's gradient is one product after the reverse scan, its operands
+    the stacked rows the loops already have (the states each step started from, the scan's
+    own per-step gradient): the reverse scan's body outputs no residual again and no value
+    twice, so a native step writes no copies."""
+    from compiler.codegen.llvm.exec import NativeRun
+    programs = []
+    real = NativeRun.run_steps
+
+    def steps(self, n, ins, outs):
+        programs.append((self.compiled.symbol, self.compiled.program))
+        return real(self, n, ins, outs)
+    monkeypatch.setattr(NativeRun, "run_steps", steps)
+    x, h = rand(6, 2, 4, seed=1), rand(2, 4, seed=2)
+    want = _grads(None, _rnn_like, [x, h])
+    got = _grads("llvm", _rnn_like, [rand(6, 2, 4, seed=1), rand(2, 4, seed=2)])
+    for a, b in zip(_flat(want[:3]), _flat(got[:3])):
+        np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-5)
+    scans = [p for name, p in programs if "_scan" in name]
+    assert scans, [name for name, _ in programs]
+    for p in scans:
+        names = [getattr(s, "name", "") for s in p.steps]
+        # the state's gradient is the one product per step; the weight's (s @ W.T: its
+        # gradient the transposed sum) is not
+        assert len([n for n in names if n.endswith("matmul")]) == 1, names
+        assert not [n for n in names if n.endswith("copy")], names

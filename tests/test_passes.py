@@ -250,3 +250,61 @@ def test_matmul_reads_a_reshaped_then_transposed_operand_with_its_flag(where):
     got = compile_graph(g, "llvm")(np, ins, [])[0]
     x = np.tanh(ins[0]) if where == "arena" else ins[0]
     np.testing.assert_allclose(got, x.reshape(20, 6).T @ ins[1], rtol=1e-5, atol=1e-5)
+
+
+def _scatter(g, v, shape, begin, end):
+    return op(g, "slice_scatter", v, shape=shape, begin=begin, end=end,
+              step=(1,) * len(shape))
+
+
+def test_sum_of_disjoint_slice_scatters_is_a_concatenate():
+    """The gradient of splitting a value into blocks (an LSTM's gates): the scatters' sum
+    becomes one concatenate, a gap filled with zeros, a -0.0 still summed to +0.0."""
+    g, (a, b, c) = _g((2, 3), (2, 2), (2, 1))
+    s1 = _scatter(g, a, (2, 8), (0, 0), (2, 3))
+    s2 = _scatter(g, b, (2, 8), (0, 5), (2, 7))  # columns 3-4 and 7: a gap each
+    s3 = _scatter(g, c, (2, 8), (0, 7), (2, 8))
+    g.outputs = [op(g, "add", op(g, "add", s1, s2), s3)]
+    out, rep = simplify(g)
+    ops = [out.op(n) for n in out.op_nodes()]
+    assert "slice_scatter" not in ops and ops.count("concatenate") == 1, ops
+    assert rep["hits"].get("sum of disjoint slice_scatters") == 1
+    ins = [np.array([[-0.0, 1, 2], [3, 4, 5]], np.float32),
+           np.full((2, 2), 7, np.float32), np.full((2, 1), -0.0, np.float32)]
+    want, got = run_reference(g, ins)[0], run_reference(out, ins)[0]
+    np.testing.assert_array_equal(got, want)
+    assert not np.signbit(got).any() and not np.signbit(want).any()
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_scatters_that_overlap_or_leave_two_axes_partial_still_add(overlap):
+    g, (a, b) = _g((2, 3), (2, 3) if overlap else (1, 3))
+    s1 = _scatter(g, a, (2, 6), (0, 0), (2, 3))
+    s2 = _scatter(g, b, (2, 6), (0, 2), (2, 5)) if overlap else \
+        _scatter(g, b, (2, 6), (1, 3), (2, 6))
+    g.outputs = [op(g, "add", s1, s2)]
+    out, _ = simplify(g)
+    assert [out.op(n) for n in out.op_nodes()].count("slice_scatter") == 2
+
+
+def test_a_value_read_only_after_a_loop_is_computed_in_the_part_after_it():
+    """On one device an op joins the latest part it can: a transposed input read only after
+    a foreach is computed in the part after the loop (fused into its reader there), not
+    exported from the part before as a materialized copy."""
+    from compiler.ops.control import Body
+    from compiler.passes.partition import partition
+    body = Graph("body")
+    d = body.add_input(Spec((3,), "float32"), "d")
+    s = body.add_input(Spec((3,), "float32"), "s")
+    ns = op(body, "add", d, s)
+    body.outputs = [ns, ns]
+    g, (x, w) = _g((4, 3), (3, 5))
+    h0 = op(g, "tanh", op(g, "sum", x, axis=0))
+    loop = op(g, "foreach", x, h0, body=Body(body), n_data=1, n_states=1)
+    final = op(g, "nth", loop, index=1)
+    wt = op(g, "transpose", w, axes=(1, 0))
+    g.outputs = [op(g, "matmul", wt, op(g, "reshape", final, shape=(3, 1)))]
+    split = partition(g)
+    assert len(split.parts) == 3
+    where = {p.graph.op(n): i for i, p in enumerate(split.parts) for n in p.graph.op_nodes()}
+    assert where["tanh"] == 0 and where["foreach"] == 1 and where["transpose"] == 2

@@ -57,6 +57,17 @@ def partition(graph: Graph) -> Partitioning:
         # crossing a device or a control part's boundary starts a new stage
         stage[n] = max((stage[a] + (dev[a] != dev[n] or ctrl.get(a) != ctrl.get(n))
                         for a in graph.arg_ids(n)), default=0)
+    # ...and on one device (whose parts run one after another anyway: on several, running
+    # early lets parts of different devices overlap) an op joins the latest stage it can,
+    # the earliest of its users' where none is a control part: a value only read after a
+    # loop (a transposed residual, a weight's gradient) is then computed in the part that
+    # reads it, where it fuses into its reader, rather than exported as a materialized copy
+    for n in reversed(order) if len(devices_of(graph)) == 1 else ():
+        users = graph.users(n)
+        if graph.op(n) in SOURCE_OPS or n in ctrl or n in graph.outputs or not users or any(
+                u in ctrl or dev[u] != dev[n] for u in users):
+            continue
+        stage[n] = max(stage[n], min(stage[u] for u in users))
     key_of = {n: (stage[n], dev[n], ctrl.get(n, -1)) for n in order
               if graph.op(n) not in SOURCE_OPS}
     keys = sorted(set(key_of.values()), key=lambda k: (k[0], _device_rank(k[1]), k[2]))

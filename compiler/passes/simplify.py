@@ -11,6 +11,7 @@ import numpy as np
 
 from ..graph import SOURCE_OPS, Graph, NodeRef
 from ..ops import REGISTRY, eager_apply
+from ..ops.movement import normalize_slice
 
 FOLD_MAX_ELEMENTS = 1 << 16  # fold constants up to 256 KiB of float32; bigger stay computed
 
@@ -143,6 +144,67 @@ def _broadcast_noop(graph, n):
     return a if graph.spec(a) == graph.spec(n) else None
 
 
+def _scatter_sum(graph, n):
+    """s1 + s2 + ... of slice_scatters into disjoint step-1 blocks along one axis ->
+    concatenate of their values (zeros filling any gap): the gradient of splitting a value
+    (an LSTM's four gates) without zero-filling the whole shape once per block and summing
+    them. Float values get ``+ 0.0`` (fused into their producers): in the sum a block's -0.0
+    met +0.0 from the other blocks' zeros, and stays +0.0 here too."""
+    if graph.op(n) != "add":
+        return None
+    spec = graph.spec(n)
+    users = graph.users(n)
+    if len(users) == 1 and n not in graph.outputs and graph.op(users[0]) == "add" and \
+            graph.spec(users[0]) == spec:
+        return None  # not the top of its sum: the whole sum is rewritten at its top
+    leaves: list = []
+
+    def collect(m, top):
+        if graph.op(m) == "add" and graph.spec(m) == spec and (
+                top or len(graph.users(m)) == 1 and m not in graph.outputs):
+            args = graph.args(m)
+            return all(isinstance(a, NodeRef) and collect(a.id, False) for a in args)
+        leaves.append(m)
+        return True
+    if not collect(n, True) or len(leaves) < 2 or any(
+            graph.op(m) != "slice_scatter" or graph.spec(m) != spec for m in leaves):
+        return None
+    shape = spec.shape
+    blocks, axes = [], set()
+    for m in leaves:
+        a = graph.node(m)["attrs"]
+        b, e, st = normalize_slice(shape, a["begin"], a["end"], a["step"])
+        if any(s != 1 for s in st):
+            return None
+        partial = [j for j in range(len(shape)) if (b[j], e[j]) != (0, shape[j])]
+        if len(partial) != 1:
+            return None
+        axes.add(partial[0])
+        blocks.append((b[partial[0]], e[partial[0]], graph.arg_ids(m)[0]))
+    if len(axes) != 1:
+        return None
+    (axis,) = axes
+    blocks.sort(key=lambda t: t[0])
+    where, dev = graph.node(n).get("where"), graph.node(n)["device"]
+    pieces, at = [], 0
+    for b, e, value in blocks:
+        if b < at:
+            return None  # overlapping blocks really add
+        if b > at:
+            gap = shape[:axis] + (b - at,) + shape[axis + 1:]
+            pieces.append(graph.add_op("full", [], {"shape": gap, "value": 0,
+                                                    "dtype": spec.dtype}, where, dev))
+        if spec.dtype.startswith("float"):
+            value = graph.add_op("add", [NodeRef(value), 0.0], {}, where, dev)
+        pieces.append(value)
+        at = e
+    if at < shape[axis]:
+        gap = shape[:axis] + (shape[axis] - at,) + shape[axis + 1:]
+        pieces.append(graph.add_op("full", [], {"shape": gap, "value": 0, "dtype": spec.dtype},
+                                   where, dev))
+    return graph.add_op("concatenate", [NodeRef(p) for p in pieces], {"axis": axis}, where, dev)
+
+
 RULES = [
     ("x*1", _identity_binary("mul", 1, 1)),
     ("1*x", _identity_binary("mul", 1, 0)),
@@ -158,6 +220,7 @@ RULES = [
     ("stop_gradient", _no_op("stop_gradient")),
     ("copy", _no_op("copy")),
     ("broadcast to same shape", _broadcast_noop),
+    ("sum of disjoint slice_scatters", _scatter_sum),
 ]
 
 
