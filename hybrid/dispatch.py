@@ -129,10 +129,18 @@ def _inline(exe, device) -> bool:
         return False
     if us < _INLINE_US:
         return True
+    return long_call_direct(id(exe), device, engine)
+
+
+def long_call_direct(key, device, engine) -> bool:
+    """Whether a long call (a compiled one, or an eager op too big to run in the caller
+    always: ndarray._may_inline) runs in the caller when its device is idle: the device's
+    DispatchTrial decides for all of them, timing the loop both ways (call_mode.py).
+    ``key`` names the call (the same key at every iteration of a loop)."""
     trial = _trials.get(device)
     if trial is None:
         trial = _trials[device] = DispatchTrial()
-    return trial.direct(id(exe), perf_counter, engine.wait_idle, engine.count_sync_points)
+    return trial.direct(key, perf_counter, engine.wait_idle, engine.count_sync_points)
 
 
 def _push(exe, device, in_bufs, param_bufs, out_specs, name, inline=None):

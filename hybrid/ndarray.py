@@ -13,6 +13,7 @@ import sys
 from functools import partial as _partial
 
 import numpy as np
+import numpy as _np
 
 from compiler.ops import (REGISTRY, OpError, Spec, dtype_name, eager_kernel, infer_types,
                           is_scalar, result_dtype)
@@ -458,11 +459,11 @@ def _run_many(kernel, xp, bufs, attrs, out_bufs):
 
 
 def _eager(name, args, attrs):
-    op = _get_op(name)
     device = None
     key = [name]
     vals = []  # the operands' data: an op whose inputs are all computed may run right here
     ready = True
+    op = None  # looked up only for a scalar operand or a signature seen for the first time
     for a in args:
         if isinstance(a, NDArray):
             d = a.device
@@ -484,6 +485,8 @@ def _eager(name, args, attrs):
             # and so does an integer that does not fit every integer dtype (0..127 fit all):
             # whether it fits the array's dtype is checked at inference (check_int_fits).
             t = type(a)
+            if op is None:
+                op = _get_op(name)
             if op is not None and op.kind == "elementwise" and (
                     t is float or t is bool or 0 <= a <= 127 or not is_int_scalar(a)):
                 key.append(t)
@@ -495,57 +498,58 @@ def _eager(name, args, attrs):
                             f"(at {_fmt(user_frame())})")
     if device is None:
         device = _canon_device(current_device())
-    akey = attrs_key(attrs) if attrs else ()
-    entry = None
-    if akey is not None:
-        key.append(akey)
+    if attrs:
+        akey = attrs_key(attrs)
+        entry = None
+        if akey is not None:
+            key.append(akey)
+            key = tuple(key)
+            entry = _infer_get(key)
+    else:
+        akey = ()
+        key.append(())
         key = tuple(key)
         entry = _infer_get(key)
-        if entry is not None:
-            try:
-                _infer_touch(key)  # LRU order
-            except KeyError:  # evicted meanwhile by another front-end thread
-                pass
-    if entry is None:
+    if entry is not None:
         try:
-            specs = infer_types(name, args, attrs)
-        except OpError as exc:
-            raise OpError(f"{exc} (at {_fmt(user_frame())})") from None
-        specs = tuple(Spec(tuple(s.shape), s.dtype) for s in specs)
-        kernel = eager_kernel(name, specs)
-        if akey is not None:  # a cached signature may get a compiled kernel (eager_kernels)
-            kernel = _kernel_for(name, args, attrs, specs, kernel)
-        entry = (specs, _may_inline(op, args, specs), kernel)
-        if akey is not None:
-            _INFER.put(key, entry)
+            _infer_touch(key)  # LRU order
+        except KeyError:  # evicted meanwhile by another front-end thread
+            pass
+    else:
+        entry = _infer_entry(name, args, attrs, key if akey is not None else None)
     specs, small, kernel = entry
-    xp = device.xp
-    out = None
-    if ready and small and device.kind == "cpu":
+    if ready and device.kind == "cpu":
         # The caller's path: a small op whose inputs are computed runs right here while its
         # device is idle, without an engine op. Buffers are immutable and the outputs fresh,
         # so no queued op can be ordered before or after it: the engine would run it in
         # this thread anyway (its inline rule), at the cost of an op record, two lock round
         # trips and the user's line. A failure takes the engine's path below, which reports
-        # it at the sync point with the op's name and line, as always.
+        # it at the sync point with the op's name and line, as always. (Engine.idle, spelled
+        # out: this is the per-op hot path.) A long op (a big matmul) too when the device's
+        # dispatch trial found the loop faster so, as for a long compiled call.
         eng = _engine_mod._engine
-        if eng is not None and eng.idle(device):
-            try:
-                res = kernel(xp, vals, attrs)
-            except Exception:  # noqa: BLE001 - re-run on the engine: it reports
-                res = None
-            if res is not None:
-                if len(specs) == 1:
-                    s = specs[0]
-                    out = NDArray(Buffer(res[0]), s.shape, s.dtype, device)
+        if eng is not None and eng.inline and not eng._broken and (
+                small or _long_in_caller(entry, device, eng)):
+            w = eng._workers.get(device)
+            if w is None or (w.active == 0 and not w.queue):
+                try:
+                    res = kernel(_np, vals, attrs)  # a CPU's array module
+                except Exception:  # noqa: BLE001 - re-run on the engine: it reports
+                    res = None
+                if res is not None:
+                    if len(specs) == 1:
+                        s = specs[0]
+                        out = NDArray(Buffer(res[0]), s.shape, s.dtype, device)
+                        if _local.recording:
+                            _record(name, args, attrs, [out])
+                        return out
+                    outs = tuple(NDArray(Buffer(r), s.shape, s.dtype, device)
+                                 for r, s in zip(res, specs))
                     if _local.recording:
-                        _record(name, args, attrs, [out])
-                    return out
-                outs = tuple(NDArray(Buffer(r), s.shape, s.dtype, device)
-                             for r, s in zip(res, specs))
-                if _local.recording:
-                    _record(name, args, attrs, list(outs))
-                return outs
+                        _record(name, args, attrs, list(outs))
+                    return outs
+    xp = device.xp
+    out = None
     # the engine's path: the operands' buffers (read when the op runs) and their Vars
     bufs = [a._buf if isinstance(a, NDArray) else a for a in args]
     reads = [b.var for b in bufs if isinstance(b, Buffer)]
@@ -568,6 +572,34 @@ def _eager(name, args, attrs):
     if _local.recording:
         _record(name, args, attrs, [out] if out is not None else list(outs))
     return out if out is not None else outs
+
+
+_dispatch = None  # hybrid.dispatch (it imports this module), bound at the first long op
+
+
+def _long_in_caller(entry, device, engine) -> bool:
+    global _dispatch
+    if _dispatch is None:
+        from . import dispatch as _dispatch  # noqa: PLC0415
+    return _dispatch.long_call_direct(id(entry), device, engine)
+
+
+def _infer_entry(name, args, attrs, key):
+    """(output Specs, may-run-inline, kernel) of a signature not in the cache: inferred (a
+    refused call raises OpError naming the user's line), and cached under ``key`` (None:
+    an attribute that is no plain value, never cached)."""
+    try:
+        specs = infer_types(name, args, attrs)
+    except OpError as exc:
+        raise OpError(f"{exc} (at {_fmt(user_frame())})") from None
+    specs = tuple(Spec(tuple(s.shape), s.dtype) for s in specs)
+    kernel = eager_kernel(name, specs)
+    if key is not None:  # a cached signature may get a compiled kernel (eager_kernels)
+        kernel = _kernel_for(name, args, attrs, specs, kernel)
+    entry = (specs, _may_inline(_get_op(name), args, specs), kernel)
+    if key is not None:
+        _INFER.put(key, entry)
+    return entry
 
 
 def _record(name, args, attrs, outs):

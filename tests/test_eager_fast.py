@@ -101,6 +101,75 @@ def test_inline_off_goes_through_the_engine():
         eng.shutdown()
 
 
+@pytest.mark.parametrize("in_caller", [True, False])
+def test_long_op_path_chosen_by_the_trial_gives_the_same_result(monkeypatch, in_caller):
+    """A matmul too big to run in the caller always asks the device's dispatch trial (as a
+    long compiled call does); either answer computes NumPy's result."""
+    from hybrid import dispatch
+    asked = []
+
+    def decide(key, device, engine):
+        asked.append(key)
+        return in_caller
+    monkeypatch.setattr(dispatch, "long_call_direct", decide)
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((64, 512)).astype(np.float32)
+    w = rng.standard_normal((512, 256)).astype(np.float32)
+    x, wx = hb.array(a), hb.array(w)
+    hb.waitall()
+    before = _pushes()
+    y = x @ wx
+    assert asked, "a long op did not ask the trial"
+    assert (_pushes() == before) == in_caller
+    np.testing.assert_array_equal(y.asnumpy(), a @ w)
+
+
+def test_masked_where_is_numpy_where_bit_for_bit():
+    """where(cond, g, 0.0) (ReLU's gradient) runs branch-free on the bits: the same bits
+    as NumPy's where, NaN payloads, infinities and signed zeros included, and NumPy's where
+    itself wherever the mask does not apply (-0.0, broadcasting, non-contiguous)."""
+    from compiler.ops.elementwise import _where_impl
+    rng = np.random.default_rng(1)
+    for dt in (np.float32, np.float64, np.float16):
+        g = rng.standard_normal((16, 33)).astype(dt)
+        g[0, :6] = [np.nan, -np.inf, np.inf, -0.0, 0.0, -np.nan]
+        c = rng.random((16, 33)) > 0.5
+        for args in [(c, g, 0.0), (c, 0.0, g), (c, g, 0), (c, g, -0.0), (c, -0.0, g),
+                     (c, g[:, :1], 0.0), (c.T, g.T, 0.0), (c, g, 2.0),
+                     (np.asfortranarray(c), g, 0.0)]:
+            got, want = _where_impl(np, *args), np.where(*args)
+            assert got.dtype == want.dtype and got.strides == want.strides
+            assert got.tobytes() == want.tobytes()
+    x = hb.array(rng.standard_normal((8, 8)).astype(np.float32))
+    x.attach_grad()
+    with autograd.record():
+        y = hb.relu(x)
+    y.backward()
+    xn = x.asnumpy()
+    np.testing.assert_array_equal(x.grad.asnumpy(), np.where(xn > 0, 1, 0).astype(np.float32))
+
+
+def test_parameter_data_fast_path_and_its_errors():
+    """Parameter.data's one-copy shortcut returns what the full look-up returns, and a
+    device the parameter has no copy on still raises the same error."""
+    from hybrid import nn
+    layer = nn.Dense(3, in_units=2)
+    layer.initialize()
+    p = layer.weight
+    assert p.data() is p.data(hb.cpu(0)) is p.data("cpu(0)") is p.data(ctx=hb.cpu(0))
+    assert p.data() is p.list_data()[0]
+    with pytest.raises(RuntimeError, match=r"was not initialized on cpu\(1\); it has copies"):
+        p.data(hb.cpu(1))
+    fresh = nn.Dense(3)
+    fresh.initialize()
+    with pytest.raises(hb.nn.DeferredInitializationError if hasattr(
+            hb.nn, "DeferredInitializationError") else RuntimeError):
+        fresh.weight.data()
+    with pytest.raises(ValueError, match="has shape"):
+        layer.weight._finish_deferred_init((3, 5))
+    layer.weight._finish_deferred_init((3, 2))  # the same shape: nothing to do
+
+
 # ------------------------------------------------------------------ compiled kernels
 def _rnd(shape, seed):
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)

@@ -31,7 +31,7 @@ def eager_kernel(name: str, out_specs):
         want = wants[0]
 
         def run(xp, args, attrs):
-            r = impl(xp, *args, **attrs)
+            r = impl(xp, *args, **attrs) if attrs else impl(xp, *args)
             if type(r) is not _ndarray or xp is not _np:
                 r = xp.asarray(r)
             have = r.dtype

@@ -372,7 +372,35 @@ def _where_grad(F, i, out, g):
 
 
 def _where_impl(xp, cond, x, y):
+    if xp is np:
+        out = _masked(cond, x, y, True) if type(x) is np.ndarray else \
+            _masked(cond, y, x, False) if type(y) is np.ndarray else None
+        if out is not None:
+            return out
     return xp.where(cond, x, y)
+
+
+_MASK_BITS = {np.dtype("float32"): np.int32, np.dtype("float64"): np.int64}
+
+
+def _masked(cond, a, zero, keep_true):
+    """``where(cond, a, 0)`` (``where(cond, 0, a)`` when not keep_true) for a float array
+    ``a`` of cond's shape, bit for bit, branch-free: ``a``'s bits AND a mask of all ones
+    where kept. A gradient mask (ReLU's, where's) has no pattern a branch predictor could
+    learn: NumPy's where took 280 us on 256 x 256 float32, this ~35. None: not that case."""
+    bits = _MASK_BITS.get(a.dtype)
+    if bits is None or type(cond) is not np.ndarray or cond.dtype != np.bool_ or \
+            cond.shape != a.shape or type(zero) not in (int, float) or zero != 0 or \
+            math.copysign(1.0, zero) < 0 or not (  # -0.0 has a bit set: not a mask
+                cond.flags.c_contiguous and a.flags.c_contiguous):  # where's output layout
+        return None
+    m = cond.astype(bits)
+    if keep_true:
+        np.negative(m, out=m)  # 1 -> all ones, 0 -> 0
+    else:
+        m -= 1  # 1 -> 0, 0 -> all ones
+    m &= a.view(bits)
+    return m.view(a.dtype)
 
 
 register("where", "elementwise", infer=_where_infer, impl=_where_impl,

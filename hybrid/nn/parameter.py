@@ -21,6 +21,8 @@ from runtime.device import Device, current_device, parse_device
 from .. import _state
 from ..ndarray import NDArray, array
 
+_local = _state.local
+
 __all__ = ["Parameter", "Constant", "ParameterDict", "DeferredInitializationError",
            "shape_is_known"]
 
@@ -224,6 +226,8 @@ class Parameter:
         once the parameter has values of that shape.
         """
         if shape is not None:
+            if shape == self._shape and self.__dict__.get("_data") is not None:
+                return  # (every forward: a tuple of ints equal to the shape is normalized)
             shape = _norm_shape(shape)
             if self._data is not None:
                 if shape == self._shape:
@@ -281,28 +285,40 @@ class Parameter:
         device's (``with hb.cpu(1):``), as Gluon does; a parameter with copies on several
         devices but not on the current one is an error, never some other device's copy."""
         self._check_initialized()
-        if device is None:
+        current = device is None
+        if current:
             if len(self._devices) == 1:
                 return 0
             device = current_device()
-            where = f"device {device} (the current device)"
-            hint = "pass device= (or use list_data() for every copy)"
-        else:
-            device = parse_device(device) if not isinstance(device, Device) else device
-            where = str(device)
-            hint = "initialize the network with device=[...] listing every device you use"
+        elif not isinstance(device, Device):
+            device = parse_device(device)
         try:
             return self._devices.index(device)
         except ValueError:
+            if current:
+                where = f"device {device} (the current device)"
+                hint = "pass device= (or use list_data() for every copy)"
+            else:
+                where = str(device)
+                hint = "initialize the network with device=[...] listing every device you use"
             raise RuntimeError(f"Parameter '{self.full_name}' was not initialized on {where}; "
                                f"it has copies on {self._devices}; {hint}") from None
 
     def data(self, device=None, ctx=None):
         """This parameter's value on ``device`` (the only or current device by default)."""
-        if _state.tracing():
+        if device is None:
+            device = ctx
+        # the common case first (a layer's forward asks at every call): one copy, on the
+        # device asked for (devices are interned: ``is``), outside a trace
+        arrays = self.__dict__.get("_data")
+        if arrays is not None and _local.trace is None:
+            devices = self._devices
+            if len(devices) == 1 and (device is None or device is devices[0]):
+                return arrays[0]
+        if _local.trace is not None:
             from .. import tracing  # noqa: PLC0415 - tracing imports the front end
-            return tracing.param_symbol(self, device if device is not None else ctx)
-        return self._data[self._index(device if device is not None else ctx)]
+            return tracing.param_symbol(self, device)
+        return self._data[self._index(device)]
 
     def list_data(self) -> list:
         self._check_initialized()
