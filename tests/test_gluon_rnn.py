@@ -595,3 +595,49 @@ def test_cuda_backend_on_an_emulated_gpu(emulated_gpu):
     close(out.asnumpy(), want.asnumpy(), rtol=1e-5, atol=1e-5)
     for a, b in zip(new, want_states):
         close(a.asnumpy(), b.asnumpy(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode,num_layers,bidirectional,layout", CASES)
+def test_loops_split_across_threads_agree_with_eager(monkeypatch, mode, num_layers,
+                                                     bidirectional, layout):
+    """A foreach whose body keeps the batch rows apart runs as one loop per thread over a
+    slice of the batch (compiler/control_flow.py, at any size here): the same outputs, final
+    states and gradients as eager, and as the whole loop."""
+    from compiler import control_flow
+    monkeypatch.setattr(control_flow, "SPLIT_MIN_WORK", 0)
+    monkeypatch.setattr(control_flow, "SPLIT_MIN_ROWS", 1)
+    monkeypatch.setattr("compiler.codegen.extern_plan.max_workers", lambda: 2)
+    splits, real = [], control_flow._SplitLoop.__call__
+
+    def counted(self, n, ins, outs):
+        splits.append(real(self, n, ins, outs))
+        return splits[-1]
+    monkeypatch.setattr(control_flow._SplitLoop, "__call__", counted)
+    layer, _ = setup(mode, 4, 3, num_layers, bidirectional, layout)
+    dirs = 2 if bidirectional else 1
+    x = RNG.normal(size=(5, 4, 3)).astype("float32")
+    h0 = RNG.normal(size=(num_layers * dirs, 4, 4)).astype("float32")
+    states = [h0, h0 * 0.5] if mode == "lstm" else [h0]
+    wy = hb.array(RNG.normal(size=to_tnc(numpy.zeros((5, 4, 4 * dirs)), layout).shape))
+
+    def run():
+        xs = hb.array(to_tnc(x, layout))
+        xs.attach_grad()
+        with autograd.record():
+            out, new = layer(xs, [hb.array(s) for s in states])
+            loss = (out * wy).sum() + new[-1].sum()
+        loss.backward()
+        grads = {k: p.grad().asnumpy().copy() for k, p in layer.collect_params().items()}
+        return out.asnumpy(), [s.asnumpy() for s in new], xs.grad.asnumpy(), grads
+
+    eager = run()
+    layer.hybridize(backend="llvm")
+    got = run()
+    assert splits and all(splits), "no loop was split"
+    close(got[0], eager[0], rtol=1e-5, atol=1e-5)
+    for a, b in zip(got[1], eager[1]):
+        close(a, b, rtol=1e-5, atol=1e-5)
+    close(got[2], eager[2], rtol=1e-4, atol=1e-5)
+    for k in eager[3]:
+        close(got[3][k], eager[3][k], rtol=1e-4, atol=1e-5)
+

@@ -308,3 +308,51 @@ def test_a_value_read_only_after_a_loop_is_computed_in_the_part_after_it():
     assert len(split.parts) == 3
     where = {p.graph.op(n): i for i, p in enumerate(split.parts) for n in p.graph.op_nodes()}
     assert where["tanh"] == 0 and where["foreach"] == 1 and where["transpose"] == 2
+
+
+def _lstm_cell(n, h):
+    g = Graph("cell")
+    x = g.add_input(Spec((n, 4 * h), "float32"), "x")
+    hs = g.add_input(Spec((n, h), "float32"), "h")
+    c = g.add_input(Spec((n, h), "float32"), "c")
+    w = g.add_input(Spec((h, 4 * h), "float32"), "w")
+    gates = op(g, "add", x, op(g, "matmul", hs, w))
+    sl = [op(g, "slice", gates, begin=(0, k * h), end=(n, (k + 1) * h), step=(1, 1))
+          for k in range(4)]
+    i, f, o = (op(g, "sigmoid", s) for s in sl[:3])
+    c2 = op(g, "add", op(g, "mul", f, c), op(g, "mul", i, op(g, "tanh", sl[3])))
+    h2 = op(g, "mul", o, op(g, "tanh", c2))
+    back = _scatter(g, h2, (n, 2 * h), (0, h), (n, 2 * h))  # rows kept apart
+    g.outputs = [op(g, "reshape", op(g, "reshape", h2, shape=(n, 2, h // 2)), shape=(n, h)),
+                 h2, c2, back]
+    return g, [x, hs, c]
+
+
+def test_resize_batch_computes_the_same_rows_on_a_slice_of_the_batch():
+    from compiler.passes.resize import resize_batch
+    g, batched = _lstm_cell(6, 4)
+    half = resize_batch(g, batched, 3)
+    assert [half.spec(o).shape for o in half.outputs] == [(3, 4), (3, 4), (3, 4), (3, 8)]
+    rng = np.random.default_rng(0)
+    ins = [rng.standard_normal(g.spec(n).shape).astype(np.float32) for n in g.inputs]
+    full = run_reference(g, ins)
+    for lo in (0, 3):
+        part = run_reference(half, [a[lo:lo + 3] if j < 3 else a for j, a in enumerate(ins)])
+        for a, b in zip(full, part):
+            np.testing.assert_array_equal(a[lo:lo + 3], b)
+
+
+def test_resize_batch_refuses_rows_that_mix_and_captured_rows():
+    from compiler.passes.resize import NotResizable, resize_batch
+    g, (x,) = _g((6, 4))
+    g.outputs = [op(g, "add", x, op(g, "sum", x, axis=0, keepdims=True))]
+    with pytest.raises(NotResizable, match="reduces over the batch"):
+        resize_batch(g, [x], 3)
+    g, (x, m) = _g((6, 4), (6, 4))  # m carries the batch but is not said to
+    g.outputs = [op(g, "mul", x, m)]
+    with pytest.raises(NotResizable, match="batch-free value"):
+        resize_batch(g, [x], 3)
+    g, (q, k) = _g((6, 1, 4), (6, 4, 5))  # attention: captured keys with a row per example
+    g.outputs = [op(g, "matmul", q, k)]
+    with pytest.raises(NotResizable, match="matmul"):
+        resize_batch(g, [q], 3)

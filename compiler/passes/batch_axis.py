@@ -130,9 +130,9 @@ def _rule(graph, n, op, args, sts, size, state, scans, top):
         return (list(axes).index(sts[0][0]), sts[0][1])
     if op == "reshape":
         return _reshape(graph, args[0], n, sts[0], size)
-    if op == "slice":
+    if op in ("slice", "slice_scatter"):  # the whole batch axis, or rows would move
         ax, f = sts[0]
-        extent = _spec(graph, args[0]).shape[ax]
+        extent = (attrs["shape"] if op == "slice_scatter" else _spec(graph, args[0]).shape)[ax]
         b, e, st = attrs["begin"][ax], attrs["end"][ax], attrs["step"][ax]
         if not (b in (0, None) and (e is None or e >= extent) and st in (1, None)):
             raise NotSeparable("it slices along the batch axis")
