@@ -8,6 +8,7 @@ An edge u -> v with attribute ``pos`` says u is argument ``pos`` of v (multi-edg
 from __future__ import annotations
 
 import base64
+import heapq
 import json
 
 import networkx as nx
@@ -127,7 +128,25 @@ class Graph:
         return list(dict.fromkeys(v for _, v in self.g.out_edges(nid)))
 
     def topo_order(self) -> list[int]:
-        return list(nx.lexicographical_topological_sort(self.g))
+        """Node ids in dependency order, the smallest ready id first: networkx's
+        lexicographical_topological_sort, written out (its first call in a process costs
+        ~10-20 ms of networkx dispatch set-up, on a first hybridized call's path)."""
+        g = self.g
+        indeg = {n: d for n, d in g.in_degree()}
+        ready = [n for n, d in indeg.items() if d == 0]
+        heapq.heapify(ready)
+        succ = g.succ
+        order = []
+        while ready:
+            n = heapq.heappop(ready)
+            order.append(n)
+            for m, edges in succ[n].items():
+                indeg[m] -= len(edges)
+                if indeg[m] == 0:
+                    heapq.heappush(ready, m)
+        if len(order) != len(indeg):
+            raise nx.NetworkXUnfeasible("the graph has a cycle")
+        return order
 
     def op_nodes(self) -> list[int]:
         return [n for n in self.topo_order() if self.op(n) not in SOURCE_OPS]
@@ -158,9 +177,16 @@ class Graph:
 
     def remove_dead(self) -> int:
         """Remove op and const nodes no output depends on; returns how many."""
+        # a walk up the edges (nx.ancestors costs ~20 ms the first time a process calls it:
+        # networkx compiles its dispatch wrapper, on a first hybridized call's path)
+        pred = self.g.pred
         live = set(self.outputs)
-        for o in self.outputs:
-            live |= nx.ancestors(self.g, o)
+        todo = list(live)
+        while todo:
+            for src in pred[todo.pop()]:
+                if src not in live:
+                    live.add(src)
+                    todo.append(src)
         dead = [n for n in self.g.nodes if n not in live and self.op(n) not in ("input", "param")]
         self.g.remove_nodes_from(dead)
         used_consts = {self.node(n)["attrs"]["name"] for n in self.g.nodes

@@ -379,11 +379,15 @@ class Compiled:
     state_updates: list  # (Parameter, output index)
     key_devices: list  # the device of each random op's key input (the last inputs)
     backend: str
-    exe: object = None
+    compiled_exe: object = None  # the inference executable, once a call needed it: see exe
     # needs-grad flags -> (TrainingGraphs, fwd exe, bwd exe, wrt input idx, wrt param idx)
     train: dict = dataclasses.field(default_factory=dict)
     handles: tuple = ()  # (parameter epoch, the parameters' arrays): see _param_handles
-    direct: bool = False  # no random key, no state updates, one device: see dispatch.Caller
+    # no random key, no state updates, one device: see dispatch.Caller. None until the
+    # inference executable exists (then the fast path in CachedFunction.__call__ takes it)
+    direct: bool | None = None
+    direct_ok: bool = False  # the same, but for the executable's kind (device parts)
+    device: object = None  # the device the executable is compiled for
     caller: object = None  # its dispatch.Caller, once a direct call made it
     param_devices: list = dataclasses.field(default_factory=list)  # the device of each param
     trace_seconds: float = 0.0
@@ -391,9 +395,32 @@ class Compiled:
     input_writes: list = dataclasses.field(default_factory=list)
     first_keys: list = dataclasses.field(default_factory=list)  # the tracing call's keys
 
+    lock: object = dataclasses.field(default_factory=threading.Lock, repr=False)
+
     @property
     def uses_key(self) -> bool:
         return bool(self.key_devices)
+
+    @property
+    def exe(self):
+        """The inference executable, compiled on first use: a signature that only ever
+        trains (recorded calls whose inputs or parameters need gradients) runs the forward
+        and backward executables of ``train`` and never compiles this one (it was a third
+        of a new training shape's compile time)."""
+        exe = self.compiled_exe
+        if exe is None:
+            with self.lock:
+                exe = self.compiled_exe
+                if exe is None:
+                    # a graph compiled before (this host, these sources) loads its stored
+                    # executable: no passes, lowering or code generation (exe_cache.py)
+                    from compiler.exe_cache import compile as compile_graph  # noqa: PLC0415
+                    exe = compile_graph(self.graph, self.backend, self.device)
+                    _compiles[0] += 1
+                    self.direct = self.direct_ok and \
+                        not isinstance(exe, PartitionedExecutable)
+                    self.compiled_exe = exe
+        return exe
 
     def executable(self):
         return self.exe
@@ -551,11 +578,10 @@ class CachedFunction:
             entry = prepare(entry)
             if entry is None:
                 return None
-        from compiler.pipeline import compile as compile_graph  # noqa: PLC0415
-        entry.exe = compile_graph(g, entry.backend, device)
-        _compiles[0] += 1
-        entry.direct = not entry.uses_key and not updates and not writes and \
-            not isinstance(entry.exe, PartitionedExecutable)
+        # the inference executable compiles when a call needs it (Compiled.exe): not for
+        # a training call, which compiles the forward and backward pair instead
+        entry.device = device
+        entry.direct_ok = not entry.uses_key and not updates and not writes
         if prepare is None:
             self.entries[sig] = entry
         return entry
@@ -706,7 +732,7 @@ def _training(entry, device, needs):
     compiled = entry.train.get(needs)
     if compiled is None:
         from compiler.autodiff import split_joint  # noqa: PLC0415
-        from compiler.pipeline import compile as compile_graph  # noqa: PLC0415
+        from compiler.exe_cache import compile as compile_graph  # noqa: PLC0415
         g = entry.graph
         n_in = len(g.inputs)
         wrt_in = [i for i, n in enumerate(g.inputs)
@@ -826,17 +852,26 @@ def explain_cache(cache: CachedFunction) -> str:
     for sig, e in cache.entries.items():
         args = ", ".join(f"{Spec(s, d)}@{dev}" for s, d, dev in sig[1])
         mode = "training" if sig[2] else "predict"
+        # an entry only ever trained has no inference executable (Compiled.exe): say so,
+        # rather than compile one to explain it
+        exe = e.compiled_exe if isinstance(e, Compiled) else e.exe
+        done = (f"compiled in {exe.report.get('compile_seconds', 0) * 1e3:.1f} ms"
+                if exe is not None else "its inference executable not compiled (only "
+                f"training calls so far: {len(getattr(e, 'train', {}))} forward/backward "
+                "pair(s))")
         lines.append(f"-- signature ({args}) [{mode}], backend {e.backend}, traced in "
-                     f"{e.trace_seconds * 1e3:.1f} ms, compiled in "
-                     f"{e.exe.report.get('compile_seconds', 0) * 1e3:.1f} ms")
+                     f"{e.trace_seconds * 1e3:.1f} ms, {done}")
         counts = e.graph.op_counts()
         lines.append("   nodes: " + ", ".join(f"{k}={v}" for k, v in sorted(counts.items())))
         lines.append(e.graph.format())
-        for rep in e.exe.report.get("passes", []):
+        report = exe.report if exe is not None else {}
+        if report.get("exe_cache"):
+            lines.append(f"   passes: none run (executable cache hit: {report['exe_cache']})")
+        for rep in report.get("passes", []):
             summary = rep.get("summary") or ", ".join(
                 f"{k}={v}" for k, v in rep.items() if k not in ("pass", "seconds", "details"))
             lines.append(f"   pass {rep['pass']}: {summary} ({rep['seconds'] * 1e3:.1f} ms)")
-        extra = e.exe.report.get("explain")
+        extra = report.get("explain")
         if extra:
             lines.append(extra)
     return "\n".join(lines)

@@ -41,12 +41,14 @@ _state: dict = {}
 
 
 def _library_path() -> str:
-    try:
-        import scipy_openblas32 as sob  # noqa: PLC0415 - optional until BLAS is needed
-    except ImportError as exc:
+    # the wheel's lib/ folder (its get_lib_dir()), found without running its __init__, which
+    # reads the package metadata: ~5-10 ms of a warm first call that calls BLAS
+    import importlib.util  # noqa: PLC0415
+    spec = importlib.util.find_spec("scipy_openblas32")
+    if spec is None or not spec.submodule_search_locations:
         raise BlasUnavailable("generated code calls BLAS from the scipy-openblas32 wheel: "
-                              "pip install scipy-openblas32") from exc
-    libdir = sob.get_lib_dir()
+                              "pip install scipy-openblas32")
+    libdir = os.path.join(list(spec.submodule_search_locations)[0], "lib")
     names = [n for n in os.listdir(libdir) if n.startswith("libscipy_openblas")
              and (".so" in n or n.endswith(".dylib") or n.endswith(".dll"))]
     if not names:

@@ -122,12 +122,14 @@ def cache_path(digest: str) -> Path:
 class NativeModule:
     """Loaded machine code: symbol addresses, kept alive with the MCJIT engine."""
 
-    def __init__(self, name: str, engine, addresses: dict, digest: str, cache_hit: bool):
+    def __init__(self, name: str, engine, addresses: dict, digest: str, cache_hit: bool,
+                 record: dict | None = None):
         self.name = name
         self._engine = engine
         self.addresses = addresses
         self.digest = digest
         self.cache_hit = cache_hit
+        self.record = record  # the cache key record (load_cached finds the object by it)
 
     def address(self, symbol: str) -> int:
         return self.addresses[symbol]
@@ -185,7 +187,40 @@ def compile_ir(ir_text, entries, key: dict | None = None, name: str = "module",
         _log().info("%s: %s in %.1f ms (%s) [%s]", name,
                   "warm (disk cache hit)" if hit else "cold compile", total * 1e3, detail,
                   path)
-        mod = NativeModule(name, engine, addresses, digest, hit)
+        mod = NativeModule(name, engine, addresses, digest, hit, record)
+        _loaded[digest] = mod
+        return mod
+
+
+def load_cached(record: dict, entries, name: str = "module", before_load=None, globals_=(),
+                optional_globals=()) -> NativeModule | None:
+    """The machine code of a key record that :func:`compile_ir` made (``NativeModule.record``),
+    from memory or the disk cache; None, compiling nothing, when the entry is missing or
+    does not check out (then the caller compiles). A warm first call loads its executable's
+    object this way: no IR, no Program, no compiler."""
+    if config.get("HYBRID_DUMP_DIR"):
+        return None  # dumping asks for the IR: compile
+    digest = key_digest(record)
+    mod = _loaded.get(digest)
+    if mod is not None:
+        return mod
+    with _lock:
+        mod = _loaded.get(digest)
+        if mod is not None:
+            return mod
+        t0 = time.perf_counter()
+        path = cache_path(digest)
+        obj = _read_cache(path, record)
+        if obj is None:
+            return None
+        stats["disk_hits"] += 1
+        if before_load is not None:
+            before_load()
+        engine, addresses = _load(obj, tuple(entries), tuple(globals_),
+                                  tuple(optional_globals))
+        _log().info("%s: warm (disk cache hit, by record) in %.1f ms [%s]", name,
+                    (time.perf_counter() - t0) * 1e3, path)
+        mod = NativeModule(name, engine, addresses, digest, True, record)
         _loaded[digest] = mod
         return mod
 

@@ -24,11 +24,6 @@ Lowering a fused group: see kernel.py's docstring, or ``compile_program`` below:
     compiled = compile_program(pb.build(), "dense_relu")
     (out,) = run_program(compiled, [x_np], [w_np, b_np])
 """
-from .kernel import (Access, Call, Const, ExternKernel, Index, KernelIRError, Load, LoopKernel,
-                     Output, Program, ProgramBuilder, Slot, broadcast_strides, call,
-                     contiguous_strides, extern_out_specs, extern_scratch_bytes, make_attrs)
-from .scalar import NumpyScalarBuilder, ScalarBuilder
-from .interp import interpret
 
 __all__ = ["Access", "Call", "Const", "ExternKernel", "Index", "KernelIRError", "Load",
            "LoopKernel", "Output", "Program", "ProgramBuilder", "Slot", "broadcast_strides",
@@ -37,11 +32,18 @@ __all__ = ["Access", "Call", "Const", "ExternKernel", "Index", "KernelIRError", 
            "compile_program", "run_program", "emit_ir", "CompiledProgram", "Runner"]
 
 
-def __getattr__(name):  # the LLVM backend loads llvmlite only when asked for
-    if name in ("compile_program", "run_program", "emit_ir", "CompiledProgram", "Runner"):
-        from . import llvm  # noqa: PLC0415
-        return getattr(llvm, name)
-    raise AttributeError(name)
+_HOME = {"interpret": "interp", "NumpyScalarBuilder": "scalar", "ScalarBuilder": "scalar",
+         "compile_program": "llvm", "run_program": "llvm", "emit_ir": "llvm",
+         "CompiledProgram": "llvm", "Runner": "llvm"}  # the rest: kernel
+
+
+def __getattr__(name):
+    # every name is loaded on first use: a warm start (compiler/exe_cache.py) imports
+    # codegen/llvm/loaded.py alone, and the LLVM backend loads llvmlite only when asked for
+    if name not in __all__:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib  # noqa: PLC0415
+    return getattr(importlib.import_module(f".{_HOME.get(name, 'kernel')}", __name__), name)
 
 
 def backend_compile(graph, backend, device, in_specs, param_specs):

@@ -39,8 +39,6 @@ from __future__ import annotations
 import ctypes
 import math
 import re
-import threading
-import weakref
 
 import numpy as np
 from llvmlite import ir
@@ -51,7 +49,12 @@ from ..extern_plan import MAX_THREADS
 from ..kernel import (ALIGN, SOURCE_OPS, Call, Const, ExternKernel, Index, Load, LoopKernel,
                       Program, expr_nodes, scalar_arity)
 from ..scalar import Typed, eval_call, reduce_scalar
+from .loaded import ALIGN as _LOADED_ALIGN
+from .loaded import (SMALL_OUTPUT, CompiledProgram, aligned_empty,  # noqa: F401 - re-exported
+                     data_address, new_arena)
 from .scalar import I1, I32, I64, PTR, Intrinsics, LLVMScalarBuilder, mem_type, reg_type
+
+assert _LOADED_ALIGN == ALIGN, "loaded.ALIGN must be kernel.ALIGN"
 
 CODEGEN_VERSION = 9
 VOID = ir.VoidType()
@@ -720,123 +723,6 @@ def _pool_task(mb: ModuleBuilder, fn, body, extent: int):
 def emit_ir(program: Program, name: str = "program") -> str:
     """The LLVM IR text of ``program`` (entry point ``sanitize(name)``)."""
     return ModuleBuilder(program, name).build()
-
-
-def _probe_data_offset():
-    """CPython + NumPy: PyArrayObject's ``data`` pointer follows the object header. Reading
-    it directly costs ~0.1 us; ``__array_interface__`` or ``.ctypes.data`` cost ~1-3 us,
-    which matters for a per-call budget of a few microseconds. Verified here once."""
-    from_address = ctypes.c_void_p.from_address
-    probes = [np.empty(n, dtype=np.float32) for n in (1, 3, 1000)]
-    off = ctypes.sizeof(ctypes.c_ssize_t) + ctypes.sizeof(ctypes.c_void_p)
-    try:
-        ok = all(from_address(id(a) + off).value == a.__array_interface__["data"][0]
-                 for a in probes + [probes[2][5:]])
-    except Exception:  # noqa: BLE001 - any surprise: use the documented interface
-        ok = False
-    return off if ok else None
-
-
-_DATA_OFFSET = _probe_data_offset()
-_from_address = ctypes.c_void_p.from_address
-
-
-if _DATA_OFFSET is not None:
-    def data_address(a: np.ndarray) -> int:
-        """Address of an ndarray's first element (read from the object: ~0.1 us)."""
-        return _from_address(id(a) + _DATA_OFFSET).value or 0
-else:
-    def data_address(a: np.ndarray) -> int:
-        """Address of an ndarray's first element."""
-        return a.__array_interface__["data"][0]
-
-
-SMALL_OUTPUT = 4096  # bytes: below this NumPy's own (16-byte) alignment is kept
-
-
-def new_arena(program):
-    """(array, address): ``program``'s arena, 64-byte aligned and zeroed. Zero leaves every
-    packed-weights state PACK_OFF (gemv.py): only an owner that binds parameters and sets
-    the states on each binding (NativeRun) lets a program use packed copies."""
-    nbytes = max(program.arena_bytes, 1)
-    buf = np.zeros(nbytes + ALIGN, dtype=np.uint8)
-    off = (-data_address(buf)) % ALIGN
-    return buf[off:off + nbytes], data_address(buf) + off
-
-
-def aligned_empty(shape, dtype):
-    """A fresh array whose data starts on a 64-byte boundary (arrays over 4 KiB; smaller ones
-    keep NumPy's 16-byte alignment, which no loop here can tell apart), and that address."""
-    dt = np.dtype(dtype)
-    a = np.empty(shape, dtype=dt)
-    addr = data_address(a)
-    if addr % ALIGN == 0 or a.nbytes <= SMALL_OUTPUT:
-        return a, addr
-    nbytes = a.nbytes
-    buf = np.empty(nbytes + ALIGN, dtype=np.uint8)
-    base = data_address(buf)
-    off = (-base) % ALIGN
-    return buf[off:off + nbytes].view(dt).reshape(shape), base + off
-
-
-class CompiledProgram:
-    """A compiled Program: ``compiled(io, arena=None)`` runs it.
-
-    ``io``: a ctypes ``c_void_p`` array (or its address) holding the pointers of the io slots
-    (``program.io_slots()`` order); ``arena``: the address of ``arena_bytes`` bytes made by
-    :func:`new_arena` (zeroed: packed-weights states must start PACK_OFF) (default: this
-    program's own arena, allocated once; callers running one program from several threads
-    at once pass their own). ``cfunc`` is the raw ctypes function (GIL released).
-    """
-
-    def __init__(self, program: Program, name: str, module, symbol: str, threaded=False):
-        self.program = program
-        self.name = name
-        self.symbol = symbol
-        self.native = module
-        self.cfunc = module.cfunc(symbol, None, ctypes.c_void_p, ctypes.c_void_p)
-        self.arena, self.arena_ptr = new_arena(program)
-        self.io_slots = program.io_slots()
-        self.lock = threading.Lock()
-        self._nthreads = None
-        if threaded:
-            from . import threadpool  # noqa: PLC0415 - compiled for threaded programs only
-            addr = module.global_address(f"{symbol}.nthreads")
-            self._nthreads = ctypes.c_int32.from_address(addr)
-            ctypes.c_void_p.from_address(module.global_address(f"{symbol}.pool")).value = \
-                threadpool.address()
-            _follow_core_share(self)
-
-    @property
-    def threads(self) -> int:
-        """Threads the program's big loop kernels use (1 when it has none)."""
-        return self._nthreads.value if self._nthreads is not None else 1
-
-    def set_threads(self, n: int):
-        """Threads for the program's big loop kernels (default: the device's core share)."""
-        if self._nthreads is not None:
-            self._nthreads.value = max(1, int(n))
-
-    def __call__(self, io, arena=None):
-        if not isinstance(io, int):
-            io = ctypes.addressof(io)
-        self.cfunc(io, self.arena_ptr if arena is None else arena)
-
-    def runner(self, params=(), check=True) -> "Runner":
-        return Runner(self, params, check)
-
-
-_threaded_programs: "weakref.WeakSet[CompiledProgram]" = weakref.WeakSet()
-
-
-def _follow_core_share(compiled: CompiledProgram):
-    """Threaded programs use the device's core share, and follow it when it changes."""
-    from runtime import engine  # noqa: PLC0415
-    if not _threaded_programs and not getattr(_follow_core_share, "hooked", False):
-        engine.on_core_share(lambda n: [p.set_threads(n) for p in list(_threaded_programs)])
-        _follow_core_share.hooked = True
-    _threaded_programs.add(compiled)
-    compiled.set_threads(engine.threads_per_cpu_device())
 
 
 def extern_key() -> list:

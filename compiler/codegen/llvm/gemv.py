@@ -18,6 +18,7 @@ from llvmlite import ir
 from ..extern_plan import GEMV_LOOP_MAX, GEMV_ROWS as ROWS, gemv_pack_size, vector_lanes
 from ..kernel import ExternKernel
 from .emit import for_range
+from .loaded import PACK_NEW, PACK_OFF, PACK_READY, PACK_SEEN  # noqa: F401 - the states
 from .scalar import F32, F64, I32, I64, PTR
 
 # Up to GEMV_LOOP_MAX weights the loop stays in cache and single-threaded (extern_plan.py,
@@ -40,7 +41,7 @@ PREFETCH_AHEAD = 256  # bytes of each row read ahead into L1 (software prefetch:
 # binds new parameter arrays, and every other arena is zeroed (PACK_OFF: the rows are read
 # in place, always). A binding packs on its second call, so a binding used once (a training
 # step's forward) never pays for a copy.
-PACK_OFF, PACK_NEW, PACK_SEEN, PACK_READY = 0, 1, 2, 3
+# (PACK_OFF, PACK_NEW, PACK_SEEN, PACK_READY: loaded.py, which NativeRun's arenas need)
 
 
 def _isize(dt):

@@ -24,10 +24,6 @@ from __future__ import annotations
 
 import threading
 
-from llvmlite import ir
-
-from .scalar import I8, I32, I64, PTR, Intrinsics
-
 POOL_VERSION = 1
 SYMBOL = "hybrid_pool_run"
 MAX_CHUNKS = 0xFFFF  # chunks of one job (16 bits of the state word)
@@ -40,6 +36,10 @@ _state: dict = {}
 
 
 def emit_pool_ir(triple: str, data_layout: str) -> str:
+    # imported here: a warm start loads the pool from the disk cache without them
+    from llvmlite import ir  # noqa: PLC0415
+
+    from .scalar import I8, I32, I64, PTR, Intrinsics  # noqa: PLC0415
     m = ir.Module(name="hybrid_pool")
     m.triple, m.data_layout = triple, data_layout
     intr = Intrinsics(m)

@@ -1,0 +1,296 @@
+"""The executable cache: a traced graph -> its compiled executable, on disk, so that a warm
+first call (a new process, the cache on disk) runs no pass, no lowering and no code
+generation: it reads one JSON entry and loads the stored object code.
+
+The key is a named record, hashed, never pickled (runtime/native.py's habit):
+
+- ``format``: this file's entry format;
+- ``graph_sha256``: the traced graph's canonical JSON (``Graph.to_json``: nodes, attributes,
+  specs, devices, source lines, constants' bytes) plus each scalar argument's Python type;
+- ``backend``, ``device``;
+- the host: target triple, CPU name and features, llvmlite, LLVM and hybrid versions, and
+  the core count extern plans split their work for (extern_plan.max_workers);
+- ``sources``: a fingerprint of every ``.py`` file of compiler/ and runtime/ (path, size,
+  mtime): a pass or code generator edited since the entry was written never serves it.
+
+The entry (``<cache dir>/exe/<digest[:2]>/<digest>.json``) is one JSON document: the key
+record, the body and the body's sha256. The body holds what running needs: the program's
+slots, arena size and packed-weights state offsets (codegen/llvm/loaded.py ProgramInfo), the
+binding (constants as base64), the output specs, the explain text, and the key record of the
+machine code (runtime/native.py), whose object file carries its own sha256. Entries are
+written atomically (runtime/atomic.py); one that does not parse or check out is reported (a
+RuntimeWarning) and compiled again, and so is one whose object file is missing or corrupt.
+
+Only plain LLVM executables are stored (one native call: no index checks, no device parts,
+no control flow); the rest compile as before. Nothing is read or stored while
+HYBRID_PRINT_AFTER, HYBRID_DUMP_DIR or a compile-time HYBRID_LOG channel (fusion, memory,
+schedule, codegen, ...) asks to watch the compiler work.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from runtime import config, native
+from runtime.atomic import write_bytes
+from runtime.executable import Executable
+
+from .ops import Spec
+
+FORMAT = "hybrid-exe/1"
+# what the cache did, counted (tests assert a warm start loads and compiles nothing)
+stats = {"hits": 0, "misses": 0, "stores": 0, "rejected": 0}
+_WATCH_FREE = frozenset({"engine", "recompiles", "compile"})  # channels a hit does not skip
+_sources_print: list = []
+
+
+def _log():
+    return config.logger("compile")
+
+
+def compile(graph, backend: str = "reference", device=None):
+    """``compiler.pipeline.compile(graph, backend, device)``, from the disk cache when this
+    graph was compiled before (by any process) on this host with these sources."""
+    key = _key(graph, backend, device)
+    if key is not None:
+        exe = _lookup(graph, key, device)
+        if exe is not None:
+            return exe
+        stats["misses"] += 1
+    from .pipeline import compile as compile_graph  # noqa: PLC0415 - a miss only
+    exe = compile_graph(graph, backend, device)
+    if key is not None:
+        _store(key, exe)
+    return exe
+
+
+# ------------------------------------------------------------------------ the key
+def _watching() -> bool:
+    return bool(config.get("HYBRID_PRINT_AFTER") or config.get("HYBRID_DUMP_DIR") or
+                config.get("HYBRID_LOG") - _WATCH_FREE)
+
+
+def sources_fingerprint() -> str:
+    """sha256 over (path, size, mtime) of every .py file of compiler/ and runtime/, once
+    per process (~0.5 ms)."""
+    if _sources_print:
+        return _sources_print[0]
+    root = str(Path(__file__).resolve().parent.parent)
+    h = hashlib.sha256()
+    for pkg in ("compiler", "runtime"):
+        for dirpath, dirnames, filenames in os.walk(os.path.join(root, pkg)):
+            dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+            rel = dirpath[len(root):]
+            for f in sorted(filenames):
+                if f.endswith(".py"):
+                    st = os.stat(os.path.join(dirpath, f))
+                    h.update(f"{rel}/{f}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    _sources_print.append(h.hexdigest())
+    return _sources_print[0]
+
+
+def key_record(graph, backend: str, device=None) -> dict | None:
+    """The named key record of ``graph`` compiled for ``backend`` on this host, or None
+    where the cache does not apply (a backend other than LLVM, a graph that has no JSON
+    form, someone watching the compile)."""
+    if backend != "llvm" or _watching():
+        return None
+    try:
+        text = graph.to_json()
+    except (TypeError, ValueError):  # an attribute with no JSON form: compile, uncached
+        return None
+    h = hashlib.sha256(text.encode())
+    for n in sorted(graph.g.nodes):  # 1 and 1.0 and True are one JSON number, not one type
+        scalars = graph.g.nodes[n].get("scalars")
+        if scalars:
+            h.update(repr((n, sorted((int(p), type(v).__name__)
+                                     for p, v in scalars.items()))).encode())
+    from runtime.device import cpu_count  # noqa: PLC0415
+    info = native.target_info()
+    rec = {"format": FORMAT, "graph_sha256": h.hexdigest(), "backend": backend,
+           "device": str(device), "sources": sources_fingerprint(), "cpus": cpu_count()}
+    rec.update({k: info[k] for k in ("triple", "cpu", "features", "llvmlite", "llvm",
+                                     "hybrid")})
+    return rec
+
+
+def _key(graph, backend, device):
+    try:
+        rec = key_record(graph, backend, device)
+    except Exception as exc:  # noqa: BLE001 - no key: compile as without a cache
+        _log().info("%s: no executable cache key (%s: %s)", graph.name, type(exc).__name__,
+                    exc)
+        return None
+    if rec is None:
+        return None
+    return rec, native.key_digest(rec)
+
+
+def entry_path(digest: str) -> Path:
+    return config.cache_dir() / "exe" / digest[:2] / f"{digest}.json"
+
+
+# ------------------------------------------------------------------------ store
+def _array_doc(a) -> dict:
+    a = np.ascontiguousarray(a)
+    return {"dtype": a.dtype.name, "shape": list(a.shape),
+            "data": base64.b64encode(a.tobytes()).decode("ascii")}
+
+
+def _ref_doc(ref) -> list:
+    kind, v = ref
+    if kind == "const":
+        if type(v) is not np.ndarray:
+            raise TypeError(f"a constant of type {type(v).__name__}")
+        return [kind, _array_doc(v)]
+    return [kind, int(v)]
+
+
+def _store(key, exe):
+    from .codegen.llvm.loaded import NativeRun, ProgramInfo  # noqa: PLC0415
+    if type(exe) is not Executable or type(exe.run) is not NativeRun:
+        return  # index checks, device parts, control flow: compiled each process
+    run = exe.run
+    compiled = run.compiled
+    record = compiled.native.record
+    if record is None:
+        return
+    from .codegen.kernel import ExternKernel  # noqa: PLC0415 - a miss: compiled already
+    prog = compiled.program
+    try:
+        body = {
+            "program": ProgramInfo.of(prog).to_doc(),
+            "binding": {"io": [_ref_doc(e) for e in run.binding.io],
+                        "outputs": [_ref_doc(e) for e in run.binding.outputs]},
+            "name": compiled.name, "symbol": compiled.symbol, "native": record,
+            "blas": any(isinstance(s, ExternKernel) for s in prog.steps),
+            "out_specs": [[list(s.shape), s.dtype] for s in exe.out_specs],
+            "kernels": exe.report.get("kernels"),
+            "explain": exe.report.get("explain", ""),
+        }
+    except (TypeError, ValueError, AttributeError) as exc:
+        _log().info("%s: executable not cached (%s)", compiled.name, exc)
+        return
+    rec, digest = key
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    doc = {"key": rec, "body": body, "sha256": hashlib.sha256(text.encode()).hexdigest()}
+    path = entry_path(digest)
+    try:
+        write_bytes(path, json.dumps(doc, sort_keys=True).encode(), fsync=False)
+    except OSError as exc:  # a read-only or full cache directory only costs a compile
+        _log().warning("could not write executable cache entry %s: %s", path, exc)
+        return
+    stats["stores"] += 1
+
+
+# ------------------------------------------------------------------------ load
+class _Binding:
+    """lower.Binding's fields (io, outputs), without importing the lowering."""
+    __slots__ = ("io", "outputs")
+
+    def __init__(self, io, outputs):
+        self.io, self.outputs = io, outputs
+
+
+def _array(doc) -> np.ndarray:
+    dt = np.dtype(doc["dtype"])
+    shape = tuple(int(n) for n in doc["shape"])
+    data = base64.b64decode(doc["data"].encode("ascii"), validate=True)
+    if len(data) != dt.itemsize * int(np.prod(shape, dtype=np.int64)):
+        raise ValueError("a constant's size does not match its shape")
+    return np.frombuffer(data, dtype=dt).reshape(shape).copy()
+
+
+def _ref(doc) -> tuple:
+    kind, v = doc
+    if kind == "const":
+        return kind, _array(v)
+    if kind not in ("input", "param", "output", "alias", "slot") or type(v) is not int:
+        raise ValueError(f"a binding entry {kind!r}")
+    return kind, v
+
+
+def _read(path: Path, rec: dict):
+    """The entry's body, or None (missing: quietly; not checking out: a warning)."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        _log().info("executable cache entry %s unreadable (%s)", path, exc)
+        return None
+    why = None
+    try:
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        doc = None
+    if not isinstance(doc, dict) or not isinstance(doc.get("body"), dict):
+        why = "not a JSON entry"
+    elif doc.get("key") != rec:
+        why = "key record differs"
+    else:
+        text = json.dumps(doc["body"], sort_keys=True, separators=(",", ":"))
+        if doc.get("sha256") != hashlib.sha256(text.encode()).hexdigest():
+            why = "sha256 mismatch"
+    if why is None:
+        return doc["body"]
+    _reject(path, why)
+    return None
+
+
+def _reject(path, why):
+    stats["rejected"] += 1
+    msg = f"hybrid: executable cache entry {path} is corrupt ({why}); compiling"
+    warnings.warn(msg, RuntimeWarning, stacklevel=5)
+    _log().warning(msg)
+
+
+def _lookup(graph, key, device):
+    rec, digest = key
+    t0 = time.perf_counter()
+    path = entry_path(digest)
+    body = _read(path, rec)
+    if body is None:
+        return None
+    from .codegen.llvm.loaded import CompiledProgram, NativeRun, ProgramInfo  # noqa: PLC0415
+    try:
+        info = ProgramInfo.from_doc(body["program"])
+        binding = _Binding([_ref(e) for e in body["binding"]["io"]],
+                           [_ref(e) for e in body["binding"]["outputs"]])
+        out_specs = [Spec(tuple(int(n) for n in shape), str(dt))
+                     for shape, dt in body["out_specs"]]
+        symbol, name = str(body["symbol"]), str(body["name"])
+        record = body["native"]
+        if not isinstance(record, dict):
+            raise ValueError("no machine-code record")
+        before = None
+        if body["blas"]:
+            from runtime import blas  # noqa: PLC0415 - BLAS symbols must exist before linking
+            before = blas.load
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        _reject(path, f"{type(exc).__name__}: {exc}")
+        return None
+    module = native.load_cached(record, [symbol], name=name, before_load=before,
+                                optional_globals=[f"{symbol}.nthreads", f"{symbol}.pool"])
+    if module is None:  # the object file is gone or did not check out: compile
+        return None
+    compiled = CompiledProgram(info, name, module, symbol,
+                               f"{symbol}.nthreads" in module.addresses)
+    run = NativeRun(compiled, binding)
+    seconds = time.perf_counter() - t0
+    report = {"kernels": body.get("kernels"), "arena_bytes": info.arena_bytes,
+              "program": info, "passes": [], "graph": graph, "compile_seconds": seconds,
+              "explain": body.get("explain", ""), "exe_cache": str(path)}
+    exe = Executable(run, "llvm", [graph.spec(n) for n in graph.inputs],
+                     [graph.spec(n) for n in graph.params], out_specs, device, report)
+    stats["hits"] += 1
+    _log().info("%s: warm (executable cache hit) in %.1f ms [%s]", graph.name,
+                seconds * 1e3, path)
+    return exe

@@ -1,0 +1,204 @@
+"""The executable cache (compiler/exe_cache.py): a traced graph compiled before loads its
+stored executable; a warm first call runs no pass, no lowering and no code generation, and
+gives exactly what a compile gives. Broken entries are detected and compiled again."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import numpy as np
+import pytest
+
+import hybrid as hb
+from compiler import exe_cache
+from hybrid import autograd, nn
+from runtime import config, native
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# one process: the first hybridized call of a model, then what it ran, as JSON
+_FIRST_CALL = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    import hybrid as hb
+    from hybrid.nn import models
+    name = sys.argv[1]
+    hb.random.seed(0)
+    net = models.mlp(num_outputs=10) if name == "mlp" else models.lenet()
+    net.initialize()
+    x = hb.random.normal(size=(2, 1, 28, 28))
+    before = set(sys.modules)
+    net.hybridize(backend="llvm")
+    out = net(x).asnumpy()
+    from compiler import exe_cache
+    from runtime import native
+    print(json.dumps({"out": out.tobytes().hex(), "exe": exe_cache.stats,
+                      "native": native.stats,
+                      "imported": sorted(set(sys.modules) - before)}))
+""")
+
+
+def _first_call(name, cache):
+    env = dict(os.environ, HYBRID_CACHE_DIR=str(cache))
+    env.pop("HYBRID_LOG", None)
+    env.pop("HYBRID_PRINT_AFTER", None)
+    out = subprocess.run([sys.executable, "-c", _FIRST_CALL, name], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=240, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("name", ["mlp", "lenet"])
+def test_a_warm_first_call_loads_the_executable_and_compiles_nothing(name, tmp_path):
+    cold = _first_call(name, tmp_path)
+    assert cold["exe"]["stores"] == 1 and cold["exe"]["hits"] == 0
+    assert cold["native"]["compiles"] >= 1
+    warm = _first_call(name, tmp_path)
+    assert warm["exe"] == {"hits": 1, "misses": 0, "stores": 0, "rejected": 0}
+    assert warm["native"]["compiles"] == 0 and warm["native"]["ir_generated"] == 0
+    # no pass ran, nothing was lowered, no IR was built: those modules never even loaded
+    for mod in ("compiler.pipeline", "compiler.codegen.lower", "compiler.codegen.kernel",
+                "compiler.codegen.llvm.emit", "compiler.autodiff"):
+        assert mod not in warm["imported"], mod
+    assert warm["out"] == cold["out"]  # bit for bit
+
+
+class _Net(nn.HybridBlock):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Dense(16, activation="relu")
+        self.b = nn.Dense(3)
+
+    def forward(self, x):
+        return self.b(self.a(x)) + 1
+
+
+def _net():
+    hb.random.seed(3)
+    net = _Net()
+    net.initialize()
+    return net
+
+
+def _outputs(x, net=None):
+    net = net or _net()
+    net.hybridize(backend="llvm")
+    return net(x).asnumpy()
+
+
+def _entries(cache):
+    return sorted((cache / "exe").rglob("*.json"))
+
+
+@pytest.fixture
+def private_cache(tmp_path):
+    old = config.set_flag("HYBRID_CACHE_DIR", str(tmp_path))
+    native.clear_memory_cache()  # machine code compiled by earlier tests: written here again
+    try:
+        yield tmp_path
+    finally:
+        config.set_flag("HYBRID_CACHE_DIR", old)
+
+
+def test_a_hit_skips_lowering_and_gives_the_compiled_results(private_cache, monkeypatch):
+    x = hb.random.normal(size=(4, 8))
+    want = _outputs(x)
+    assert len(_entries(private_cache)) == 1
+    import compiler.codegen.lower as lower_mod
+    import compiler.pipeline as pipeline_mod
+
+    def refuse(*a, **k):
+        raise AssertionError("a cache hit must not run the passes or lower")
+    monkeypatch.setattr(lower_mod, "lower", refuse)
+    monkeypatch.setattr(pipeline_mod, "compile", refuse)
+    hits, compiles = exe_cache.stats["hits"], native.stats["compiles"]
+    got = _outputs(x)
+    assert exe_cache.stats["hits"] == hits + 1 and native.stats["compiles"] == compiles
+    np.testing.assert_array_equal(got, want)
+
+
+def _damage(path, how):
+    doc = json.loads(path.read_bytes())
+    if how == "truncated":
+        path.write_bytes(path.read_bytes()[:100])
+    elif how == "body edited":  # valid JSON, the checksum no longer matches
+        doc["body"]["program"]["arena_bytes"] += 64
+        path.write_text(json.dumps(doc))
+    elif how == "key edited":  # another graph's entry under this name
+        doc["key"]["graph_sha256"] = "0" * 64
+        path.write_text(json.dumps(doc))
+    elif how == "object gone":
+        digest = native.key_digest(doc["body"]["native"])
+        os.remove(native.cache_path(digest))
+        native.clear_memory_cache()
+
+
+@pytest.mark.parametrize("how", ["truncated", "body edited", "key edited", "object gone"])
+def test_a_broken_entry_is_detected_and_compiled_again(private_cache, how):
+    x = hb.random.normal(size=(4, 8))
+    want = _outputs(x)
+    (path,) = _entries(private_cache)
+    _damage(path, how)
+    hits, compiles = exe_cache.stats["hits"], native.stats["compiles"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = _outputs(x)
+    assert exe_cache.stats["hits"] == hits  # not served
+    if how == "object gone":
+        assert native.stats["compiles"] == compiles + 1
+    else:
+        assert any("executable cache entry" in str(w.message) for w in caught)
+    np.testing.assert_array_equal(got, want)
+    # the entry was written again, whole: the next build is a hit
+    got = _outputs(x)
+    assert exe_cache.stats["hits"] == hits + 1
+    np.testing.assert_array_equal(got, want)
+
+
+def test_edited_compiler_sources_never_serve_an_old_entry(private_cache, monkeypatch):
+    x = hb.random.normal(size=(4, 8))
+    _outputs(x)
+    hits = exe_cache.stats["hits"]
+    monkeypatch.setattr(exe_cache, "_sources_print", ["another compiler"])
+    _outputs(x)
+    assert exe_cache.stats["hits"] == hits and len(_entries(private_cache)) == 2
+
+
+def test_watching_the_compiler_bypasses_the_cache(private_cache, capsys):
+    x = hb.random.normal(size=(4, 8))
+    _outputs(x)
+    hits = exe_cache.stats["hits"]
+    old = config.set_flag("HYBRID_PRINT_AFTER", "fuse")
+    try:
+        _outputs(x)
+    finally:
+        config.set_flag("HYBRID_PRINT_AFTER", old)
+    assert exe_cache.stats["hits"] == hits
+    assert "--- after fuse ---" in capsys.readouterr().out
+
+
+def test_training_compiles_no_inference_executable_until_one_is_needed(private_cache):
+    net = _net()
+    net.hybridize(backend="llvm")
+    x = hb.random.normal(size=(4, 8))
+    before = hb.num_compiles()
+    for _ in range(2):
+        with autograd.record():
+            y = net(x)
+        y.backward()
+    assert hb.num_compiles() == before + 2  # the forward and backward pair only
+    (entry,) = net._cached.entries.values()
+    assert entry.compiled_exe is None and "not compiled" in hb.explain(net)
+    grad = net.a.weight.grad().asnumpy()
+    with autograd.train_mode():  # an inference call in training mode: now it compiles
+        y = net(x)
+    assert hb.num_compiles() == before + 3 and entry.compiled_exe is not None
+    net(x).wait_to_read()  # predict mode: its own signature
+    assert hb.num_compiles() == before + 4
+    net.hybridize(active=False)  # the same parameters, eagerly
+    with autograd.record():
+        z = net(x)
+    z.backward()
+    np.testing.assert_allclose(y.asnumpy(), z.asnumpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(grad, net.a.weight.grad().asnumpy(), rtol=1e-5, atol=1e-6)
