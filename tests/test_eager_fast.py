@@ -124,6 +124,29 @@ def test_long_op_path_chosen_by_the_trial_gives_the_same_result(monkeypatch, in_
     np.testing.assert_array_equal(y.asnumpy(), a @ w)
 
 
+def test_computed_buffer_makes_its_var_on_demand():
+    """An op run in the caller makes no engine Var; waits and later engine ops reading the
+    value (a pending op's output depends on it) still work, and a pending buffer has one."""
+    from runtime.memory import Buffer
+    x = hb.array(np.ones((2, 2), np.float32))
+    x.wait_to_read()
+    y = x + 1
+    assert y._buf._var is None
+    y.wait_to_read()  # makes it
+    assert y._buf._var is not None and y._buf.var is y._buf.var
+    assert Buffer()._var is not None
+    eng = engine_mod.get_engine()
+    gate = __import__("threading").Event()
+    slow = hb.NDArray(Buffer(), (2, 2), "float32", x.device)
+    eng.push(lambda: (gate.wait(5), setattr(slow._buf, "data", np.full((2, 2), 3,
+                                                                        np.float32))),
+             (), (slow._buf.var,), x.device, "slow")
+    z = x * 2
+    w = slow + z  # queued: reads the pending value and the computed one
+    gate.set()
+    np.testing.assert_array_equal(w.asnumpy(), np.full((2, 2), 5, np.float32))
+
+
 def test_masked_where_is_numpy_where_bit_for_bit():
     """where(cond, g, 0.0) (ReLU's gradient) runs branch-free on the bits: the same bits
     as NumPy's where, NaN payloads, infinities and signed zeros included, and NumPy's where
