@@ -234,7 +234,7 @@ def _compiled_body(body: Body, backend, device, compile_body):
 # no barrier per step. Splitting each step's products across the pool instead measured
 # ~1.35x on two cores for an LSTM(256)'s 32 x 256 x 1024 step GEMM (a pool hand-off per
 # step) and nothing inside the loop.
-SPLIT_MIN_WORK = 1 << 18  # multiply-adds of a step's products below which a loop stays whole
+SPLIT_MIN_WORK = 1 << 20  # multiply-adds of a step's products below which a loop stays whole
 SPLIT_MIN_ROWS = 4  # rows per thread at least
 
 
