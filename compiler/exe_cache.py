@@ -18,8 +18,12 @@ record, the body and the body's sha256. The body holds what running needs: the p
 slots, arena size and packed-weights state offsets (codegen/llvm/loaded.py ProgramInfo), the
 binding (constants as base64), the output specs, the explain text, and the key record of the
 machine code (runtime/native.py), whose object file carries its own sha256. Entries are
-written atomically (runtime/atomic.py); one that does not parse or check out is reported (a
-RuntimeWarning) and compiled again, and so is one whose object file is missing or corrupt.
+written atomically (runtime/atomic.py), off the caller's path: a thread (not a daemon: exit
+waits for it) first links the program and the thread pool into shared libraries
+(runtime/native.py link_shared), so that the next process loads them with dlopen and never
+imports llvmlite, then writes the entry. One that does not parse or check out is reported
+(a RuntimeWarning) and compiled again, and so is one whose object file is missing or
+corrupt.
 
 Only plain LLVM executables are stored (one native call: no index checks, no device parts,
 no control flow); the rest compile as before. Nothing is read or stored while
@@ -32,6 +36,7 @@ import base64
 import hashlib
 import json
 import os
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -49,6 +54,8 @@ FORMAT = "hybrid-exe/1"
 stats = {"hits": 0, "misses": 0, "stores": 0, "rejected": 0}
 _WATCH_FREE = frozenset({"engine", "recompiles", "compile"})  # channels a hit does not skip
 _sources_print: list = []
+_writes: list = []  # the threads writing entries (wait_writes)
+_writes_lock = threading.Lock()
 
 
 def _log():
@@ -133,8 +140,8 @@ def _key(graph, backend, device):
     return rec, native.key_digest(rec)
 
 
-def entry_path(digest: str) -> Path:
-    return config.cache_dir() / "exe" / digest[:2] / f"{digest}.json"
+def entry_path(digest: str, root: Path | None = None) -> Path:
+    return (root or config.cache_dir()) / "exe" / digest[:2] / f"{digest}.json"
 
 
 # ------------------------------------------------------------------------ store
@@ -178,13 +185,42 @@ def _store(key, exe):
     except (TypeError, ValueError, AttributeError) as exc:
         _log().info("%s: executable not cached (%s)", compiled.name, exc)
         return
+    modules = [compiled.native]
+    if compiled._nthreads is not None:
+        from .codegen.llvm import threadpool  # noqa: PLC0415
+        modules.append(threadpool.native_module())
+    # off the caller's path: the link (~10-20 ms a module, in subprocesses) and the write
+    # are for the next process. Not a daemon: the interpreter waits for it at exit.
+    t = threading.Thread(target=_write, args=(key, body, modules, config.cache_dir()),
+                         daemon=False, name="hybrid-exe-cache-write")
+    with _writes_lock:
+        _writes.append(t)
+    t.start()
+
+
+def wait_writes():
+    """Until every entry this process is storing is on disk (tests; exit waits anyway)."""
+    while True:
+        with _writes_lock:
+            if not _writes:
+                return
+            t = _writes.pop()
+        t.join()
+
+
+def _write(key, body, modules, root):
+    # a later process loads these through dlopen, without llvmlite: linked before the entry
+    # is written, so an entry it finds has them (or never will: no linker)
     rec, digest = key
-    text = json.dumps(body, sort_keys=True, separators=(",", ":"))
-    doc = {"key": rec, "body": body, "sha256": hashlib.sha256(text.encode()).hexdigest()}
-    path = entry_path(digest)
+    path = entry_path(digest, root)
     try:
+        for module in modules:
+            if module is not None:
+                native.link_shared(module, root)
+        text = json.dumps(body, sort_keys=True, separators=(",", ":"))
+        doc = {"key": rec, "body": body, "sha256": hashlib.sha256(text.encode()).hexdigest()}
         write_bytes(path, json.dumps(doc, sort_keys=True).encode(), fsync=False)
-    except OSError as exc:  # a read-only or full cache directory only costs a compile
+    except Exception as exc:  # noqa: BLE001 - a cache write only ever costs a compile
         _log().warning("could not write executable cache entry %s: %s", path, exc)
         return
     stats["stores"] += 1
@@ -281,6 +317,8 @@ def _lookup(graph, key, device):
                                 optional_globals=[f"{symbol}.nthreads", f"{symbol}.pool"])
     if module is None:  # the object file is gone or did not check out: compile
         return None
+    if not module.shared:  # loaded by MCJIT: its shared library is missing or was broken
+        native.link_shared(module)
     compiled = CompiledProgram(info, name, module, symbol,
                                f"{symbol}.nthreads" in module.addresses)
     run = NativeRun(compiled, binding)

@@ -68,20 +68,22 @@ def _find(lib, name: str):
     raise BlasUnavailable(f"OpenBLAS library has no symbol for {name}")
 
 
-def load():
-    """Load OpenBLAS once; register its symbols with LLVM. Returns the ctypes library."""
+def load_library():
+    """Open OpenBLAS once (RTLD_GLOBAL, so shared libraries linked against it resolve its
+    symbols), without llvmlite. Returns the ctypes library."""
     lib = _state.get("lib")
     if lib is not None:
         return lib
     with _lock:
         if "lib" in _state:
             return _state["lib"]
-        import llvmlite.binding as llvm  # noqa: PLC0415 - only with native code
         path = _library_path()
         lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+        names = {}
         for ours, name in FUNCTIONS.items():
-            _sym, fn = _find(lib, name)
-            llvm.add_symbol(ours, ctypes.cast(fn, ctypes.c_void_p).value)
+            sym, fn = _find(lib, name)
+            names[ours] = sym
+            _state.setdefault("addresses", {})[ours] = ctypes.cast(fn, ctypes.c_void_p).value
         _sym, setter = _find(lib, "openblas_set_num_threads")
         setter.argtypes = [ctypes.c_int]
         setter.restype = None
@@ -89,13 +91,34 @@ def load():
         getter.restype = ctypes.c_int
         _state["set_threads"] = setter
         _state["get_threads"] = getter
-        _state["lib"] = lib
+        _state["names"] = names
         _state["path"] = path
+        _state["lib"] = lib
         config.logger("codegen").info("BLAS: %s", path)
     from . import engine  # noqa: PLC0415 - after the library is ready
     # Registered after engine's own hook, whose threadpoolctl call sets every BLAS it finds
     # (this one too) to the core share: this one runs last and keeps OpenBLAS at one thread.
     engine.on_core_share(lambda _share: set_threads(1))
+    return lib
+
+
+def symbol_names() -> dict:
+    """hybrid's BLAS names in generated code -> the library's own symbols (what a shared
+    library of generated code is linked against: runtime/native.py)."""
+    load_library()
+    return dict(_state["names"])
+
+
+def load():
+    """Load OpenBLAS once; register its symbols with LLVM (MCJIT). Returns the library."""
+    lib = load_library()
+    if not _state.get("registered"):
+        with _lock:
+            if not _state.get("registered"):
+                import llvmlite.binding as llvm  # noqa: PLC0415 - only with native code
+                for ours, addr in _state["addresses"].items():
+                    llvm.add_symbol(ours, addr)
+                _state["registered"] = True
     return lib
 
 

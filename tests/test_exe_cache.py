@@ -3,6 +3,7 @@ stored executable; a warm first call runs no pass, no lowering and no code gener
 gives exactly what a compile gives. Broken entries are detected and compiled again."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -33,6 +34,7 @@ _FIRST_CALL = textwrap.dedent("""
     net.hybridize(backend="llvm")
     out = net(x).asnumpy()
     from compiler import exe_cache
+    exe_cache.wait_writes()  # the entry and shared libraries are written off the call's path
     from runtime import native
     print(json.dumps({"out": out.tobytes().hex(), "exe": exe_cache.stats,
                       "native": native.stats,
@@ -62,6 +64,11 @@ def test_a_warm_first_call_loads_the_executable_and_compiles_nothing(name, tmp_p
                 "compiler.codegen.llvm.emit", "compiler.autodiff"):
         assert mod not in warm["imported"], mod
     assert warm["out"] == cold["out"]  # bit for bit
+    if shutil.which("ld") and shutil.which("objcopy"):
+        # the program (and the thread pool) dlopened from their linked shared libraries:
+        # not even llvmlite is imported
+        assert warm["native"]["shared_loads"] >= 1 and warm["native"]["disk_hits"] == 0
+        assert "llvmlite.binding" not in warm["imported"]
 
 
 class _Net(nn.HybridBlock):
@@ -84,7 +91,9 @@ def _net():
 def _outputs(x, net=None):
     net = net or _net()
     net.hybridize(backend="llvm")
-    return net(x).asnumpy()
+    out = net(x).asnumpy()
+    exe_cache.wait_writes()
+    return out
 
 
 def _entries(cache):
@@ -98,6 +107,7 @@ def private_cache(tmp_path):
     try:
         yield tmp_path
     finally:
+        exe_cache.wait_writes()
         config.set_flag("HYBRID_CACHE_DIR", old)
 
 
@@ -139,6 +149,8 @@ def test_a_broken_entry_is_detected_and_compiled_again(private_cache, how):
     x = hb.random.normal(size=(4, 8))
     want = _outputs(x)
     (path,) = _entries(private_cache)
+    for so in private_cache.rglob("*.so*"):  # the object itself is what is tested here
+        so.unlink()
     _damage(path, how)
     hits, compiles = exe_cache.stats["hits"], native.stats["compiles"]
     with warnings.catch_warnings(record=True) as caught:
@@ -202,3 +214,37 @@ def test_training_compiles_no_inference_executable_until_one_is_needed(private_c
     z.backward()
     np.testing.assert_allclose(y.asnumpy(), z.asnumpy(), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(grad, net.a.weight.grad().asnumpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.skipif(not (shutil.which("ld") and shutil.which("objcopy")),
+                    reason="no system linker: objects load through MCJIT only")
+@pytest.mark.parametrize("how", ["truncated", "flipped byte", "metadata edited"])
+def test_a_broken_shared_library_is_detected_and_the_object_loaded(private_cache, how):
+    x = hb.random.normal(size=(4, 8))
+    want = _outputs(x)
+    # the program's library (its key names its entry symbol; the thread pool's does not)
+    (so,) = [p for p in private_cache.rglob("*.so")
+             if "x.symbol" in json.loads(p.with_name(p.name + ".json").read_bytes())["key"]]
+    data = bytearray(so.read_bytes())
+    if how == "truncated":
+        so.write_bytes(bytes(data[:len(data) // 2]))
+    elif how == "flipped byte":
+        data[len(data) // 2] ^= 0xFF
+        so.write_bytes(bytes(data))
+    else:
+        meta = so.with_name(so.name + ".json")
+        doc = json.loads(meta.read_bytes())
+        doc["sha256"] = "0" * 64
+        meta.write_text(json.dumps(doc))
+    native.clear_memory_cache()
+    shared, hits = native.stats["shared_loads"], native.stats["disk_hits"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = _outputs(x)
+    assert any("is corrupt" in str(w.message) and ".so" in str(w.message) for w in caught)
+    assert native.stats["shared_loads"] == shared and native.stats["disk_hits"] == hits + 1
+    np.testing.assert_array_equal(got, want)
+    native.clear_memory_cache()  # linked again: the next process loads it
+    got = _outputs(x)
+    assert native.stats["shared_loads"] == shared + 1
+    np.testing.assert_array_equal(got, want)

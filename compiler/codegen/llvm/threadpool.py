@@ -235,3 +235,8 @@ def address() -> int:
             _state["module"] = mod
             _state["addr"] = mod.address(SYMBOL)
         return _state["addr"]
+
+
+def native_module():
+    """The pool's runtime.native module, once loaded (None before)."""
+    return _state.get("module")
