@@ -102,17 +102,21 @@ class Dense(HybridBlock):
         self.act = _opt_act(activation)
 
     def forward(self, x):
-        _float_input(self, x, self.weight)
+        weight, bias, shape = self.weight, self.bias, x.shape
+        _float_input(self, x, weight)
         if self._flatten:
-            in_units = int(math.prod(x.shape[1:])) if len(x.shape) > 1 else 1
+            in_units = (int(shape[1]) if len(shape) == 2 else int(math.prod(shape[1:]))) \
+                if len(shape) > 1 else 1
         else:
-            in_units = x.shape[-1]
-        self.weight._finish_deferred_init((self._units, in_units))
-        dev = _dev(x)
-        bias = self.bias.data(dev) if self.bias is not None else None
-        out = npx.fully_connected(x, self.weight.data(dev), bias, no_bias=bias is None,
+            in_units = shape[-1]
+        weight._finish_deferred_init((self._units, in_units))
+        dev = getattr(x, "device", None)  # None: a traced value without one
+        if bias is not None:
+            bias = bias.data(dev)
+        out = npx.fully_connected(x, weight.data(dev), bias, no_bias=bias is None,
                                   flatten=self._flatten)
-        return self.act(out) if self.act is not None else out
+        act = self.act
+        return act(out) if act is not None else out
 
     def __repr__(self):
         shape = self.weight.shape
