@@ -29,7 +29,7 @@ from .nn.parameter import data_epoch
 _INLINE_US = 60.0  # a compiled call this quick runs in the caller when its device is idle
 _SAMPLE_EVERY = 16  # a compiled call's cost is steady: the caller's path times one call in 16
 _buf_of = attrgetter("_buf")
-_trials: dict = {}  # device -> DispatchTrial
+_trials: dict = {}  # device (or (device, 'eager')) -> DispatchTrial
 
 
 class Caller:
@@ -132,14 +132,16 @@ def _inline(exe, device) -> bool:
     return long_call_direct(id(exe), device, engine)
 
 
-def long_call_direct(key, device, engine) -> bool:
-    """Whether a long call (a compiled one, or an eager op too big to run in the caller
-    always: ndarray._may_inline) runs in the caller when its device is idle: the device's
-    DispatchTrial decides for all of them, timing the loop both ways (call_mode.py).
-    ``key`` names the call (the same key at every iteration of a loop)."""
-    trial = _trials.get(device)
+def long_call_direct(key, device, engine, eager: bool = False) -> bool:
+    """Whether a long call runs in the caller when its device is idle: a DispatchTrial of
+    the device decides, timing the loop both ways (call_mode.py); ``key`` names the call
+    (the same key at every iteration of a loop). Eager ops too big to run in the caller
+    always (ndarray._may_inline) have a trial of their own (``eager``): a loop's many long
+    eager ops never crowd out the anchor of its compiled calls' trial."""
+    where = (device, "eager") if eager else device
+    trial = _trials.get(where)
     if trial is None:
-        trial = _trials[device] = DispatchTrial()
+        trial = _trials[where] = DispatchTrial()
     return trial.direct(key, perf_counter, engine.wait_idle, engine.count_sync_points)
 
 

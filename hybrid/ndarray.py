@@ -586,7 +586,7 @@ def _long_in_caller(entry, device, engine) -> bool:
     global _dispatch
     if _dispatch is None:
         from . import dispatch as _dispatch  # noqa: PLC0415
-    return _dispatch.long_call_direct(id(entry), device, engine)
+    return _dispatch.long_call_direct(id(entry), device, engine, eager=True)
 
 
 def _infer_entry(name, args, attrs, key):

@@ -108,8 +108,8 @@ def test_long_op_path_chosen_by_the_trial_gives_the_same_result(monkeypatch, in_
     from hybrid import dispatch
     asked = []
 
-    def decide(key, device, engine):
-        asked.append(key)
+    def decide(key, device, engine, eager=False):
+        asked.append(eager)
         return in_caller
     monkeypatch.setattr(dispatch, "long_call_direct", decide)
     rng = np.random.default_rng(0)
@@ -119,7 +119,7 @@ def test_long_op_path_chosen_by_the_trial_gives_the_same_result(monkeypatch, in_
     hb.waitall()
     before = _pushes()
     y = x @ wx
-    assert asked, "a long op did not ask the trial"
+    assert asked == [True], "a long op did not ask the eager ops' trial"
     assert (_pushes() == before) == in_caller
     np.testing.assert_array_equal(y.asnumpy(), a @ w)
 
@@ -328,9 +328,7 @@ def test_warm_disk_cache_hit_generates_no_ir(tmp_path):
         native._loaded.clear()  # as a new process: only the disk cache is left
         before = dict(native.stats)
         first_call()
-        # loaded from the object (MCJIT) or from its linked shared library (dlopen)
-        assert native.stats["disk_hits"] + native.stats["shared_loads"] > \
-            before["disk_hits"] + before["shared_loads"]
+        assert native.stats["disk_hits"] > before["disk_hits"]
         assert native.stats["compiles"] == before["compiles"]
         assert native.stats["ir_generated"] == before["ir_generated"]
     finally:
