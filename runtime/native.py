@@ -131,12 +131,11 @@ def _host_fingerprint() -> str | None:
                 if not line.strip():
                     break  # the first processor's block is enough
                 lines.append(line)
-        import platform  # noqa: PLC0415
-
         import llvmlite  # noqa: PLC0415 - its version only: no library loaded
         libdir = Path(llvmlite.__file__).parent / "binding"
         libs = sorted(p for p in libdir.iterdir() if p.name.startswith("libllvmlite"))
-    except (OSError, ImportError):
+        machine = os.uname().machine
+    except (OSError, ImportError, AttributeError):  # no /proc/cpuinfo, llvmlite or uname
         return None
     fields = []
     for line in lines:
@@ -146,7 +145,7 @@ def _host_fingerprint() -> str | None:
     if not fields or not libs:
         return None
     st = libs[0].stat()
-    text = json.dumps([FORMAT, sorted(fields), platform.machine(), llvmlite.__version__,
+    text = json.dumps([FORMAT, sorted(fields), machine, llvmlite.__version__,
                        libs[0].name, st.st_size, st.st_mtime_ns])
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -473,6 +472,33 @@ def link_shared(module: "NativeModule", root: Path | None = None) -> bool:
     return True
 
 
+def _dlopen_bytes(data: bytes, digest: str):
+    """dlopen exactly ``data`` (the bytes whose sha256 was checked) from a private copy: a
+    cache file replaced or damaged later (in place) never changes code that is running (a
+    mapped file that shrinks kills the process with SIGBUS). The copy's name is never used
+    twice in a process (pid, a counter): the dynamic loader returns an already loaded
+    library for a name it has seen (a reused /proc/self/fd/N would be another library).
+    RTLD_NOW: a missing symbol fails here."""
+    import tempfile  # noqa: PLC0415
+    _dl_count[0] += 1
+    path = os.path.join(tempfile.gettempdir(),
+                        f"hybrid-{os.getpid()}-{_dl_count[0]}-{digest[:16]}.so")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o700)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+        return ctypes.CDLL(path)
+    finally:
+        os.unlink(path)  # the mapping keeps the file alive: nothing left on disk
+
+
+_dl_count = [0]
+
+
 def _load_shared(digest, record, name, entries, globals_, optional_globals):
     """The module from its shared library, or None (none, or it does not check out)."""
     so, meta = _shared_paths(digest)
@@ -509,7 +535,8 @@ def _load_shared(digest, record, name, entries, globals_, optional_globals):
             from . import blas  # noqa: PLC0415 - its symbols must be global first
             if blas.symbol_names() != doc["renames"]:
                 return None  # another OpenBLAS build: link again through the object
-        lib = ctypes.CDLL(str(so))  # RTLD_NOW: a missing symbol fails here, not later
+        with _lock:  # the counter
+            lib = _dlopen_bytes(data, digest)
         addresses = {}
         for sym in entries:
             addresses[sym] = ctypes.cast(lib[sym], ctypes.c_void_p).value

@@ -328,7 +328,9 @@ def test_warm_disk_cache_hit_generates_no_ir(tmp_path):
         native._loaded.clear()  # as a new process: only the disk cache is left
         before = dict(native.stats)
         first_call()
-        assert native.stats["disk_hits"] > before["disk_hits"]
+        # loaded from the object (MCJIT) or from its linked shared library (dlopen)
+        assert native.stats["disk_hits"] + native.stats["shared_loads"] > \
+            before["disk_hits"] + before["shared_loads"]
         assert native.stats["compiles"] == before["compiles"]
         assert native.stats["ir_generated"] == before["ir_generated"]
     finally:
