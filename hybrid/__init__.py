@@ -25,3 +25,8 @@ from . import kv, parallel
 from .parallel import split_and_load, split_batch
 from .checkpoint import save, load_arrays
 from . import gluon  # the book's gluon: the same nn, loss, data, Trainer (hybrid/gluon/)
+
+if config.get("HYBRID_GC_FREEZE"):
+    import gc as _gc
+
+    _gc.freeze()  # the import's objects live as long as the process (HYBRID_GC_FREEZE)

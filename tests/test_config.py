@@ -27,6 +27,7 @@ GOOD = {  # flag -> (environment text, parsed value)
     "HYBRID_GPU_EMULATE": ("2", 2),
     "HYBRID_CUDA_GRAPHS": ("off", False),
     "HYBRID_BUCKETS": ("0", False),
+    "HYBRID_GC_FREEZE": ("off", False),
     "HYBRID_EAGER_KERNELS": ("no", False),
 }
 BAD = {  # flag -> values that must be refused
@@ -44,6 +45,7 @@ BAD = {  # flag -> values that must be refused
     "HYBRID_GPU_EMULATE": ["two", "-1", "1.5"],
     "HYBRID_CUDA_GRAPHS": ["sometimes"],
     "HYBRID_BUCKETS": ["maybe"],
+    "HYBRID_GC_FREEZE": ["later"],
     "HYBRID_EAGER_KERNELS": ["auto"],
 }
 
