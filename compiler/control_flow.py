@@ -141,6 +141,9 @@ def _native_steps(xp, attrs, run_steps, n, steps, seqs, states, caps, outs, keep
     ext = [_rows(xp, (max(n, steps) + 1,) + tuple(s.shape), s.dtype, n + 1) for s in states]
     for e, s in zip(ext, states):
         e[0] = s
+    # a data array whose rows are not contiguous (the cotangent of one direction's half of a
+    # bidirectional layer's output) is copied once, rather than the loop run step by step
+    seqs = [np.ascontiguousarray(s) if isinstance(s, np.ndarray) else s for s in seqs]
     ins = [("rows", s, first, step) for s in seqs] + [("rows", e, 0, 1) for e in ext] + \
         [("fixed", c) for c in caps]
     res = [("rows", o, first, step) for o in outs] + [("rows", e, 1, 1) for e in ext]

@@ -621,3 +621,62 @@ def test_loops_split_across_threads_agree_with_eager(monkeypatch, mode, num_laye
     monkeypatch.setattr(control_flow._SplitLoop, "__call__", counted)
     _eager_vs_hybridized("llvm", mode, num_layers, bidirectional, layout, batch=4)
     assert splits and all(splits), "no loop was split"
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("kernels", [True, False])
+def test_eager_layer_runs_its_recurrence_compiled_from_a_signatures_second_call(
+        monkeypatch, mode, kernels):
+    """An eager layer's recurrence runs compiled (as a fused RNN op does) from a signature's
+    second call: the Python loop's outputs, states and gradients, each call; with
+    HYBRID_EAGER_KERNELS=0 it stays the Python loop."""
+    from hybrid.nn import rnn_layers
+    from runtime import config
+    monkeypatch.setattr(rnn_layers, "_SEEN", {})  # no signature seen by an earlier test
+    monkeypatch.setattr(rnn_layers, "_SCANS", {})
+    old = config.set_flag("HYBRID_EAGER_KERNELS", kernels)
+    try:
+        # one layer, one direction: each call one use of the signature
+        layer, _ = setup(mode, 4, 3, 1, False, "TNC")
+        x = hb.array(RNG.normal(size=(6, 3, 3)).astype("float32"))
+        h0 = RNG.normal(size=(1, 3, 4)).astype("float32")
+        states = [h0, h0 * 0.5] if mode == "lstm" else [h0]
+
+        def step():
+            xs = x.copy()
+            xs.attach_grad()
+            with autograd.record():
+                out, new = layer(xs, [hb.array(s) for s in states])
+                loss = (out * out).sum() + new[-1].sum()
+            loss.backward()
+            return [out.asnumpy(), xs.grad.asnumpy()] + [s.asnumpy() for s in new] + \
+                [p.grad().asnumpy().copy() for p in layer.collect_params().values()]
+        before = hb.num_compiles()
+        first = step()  # the Python loop
+        assert hb.num_compiles() == before
+        for _ in range(2):
+            again = step()
+            for a, b in zip(again, first):
+                close(a, b, rtol=1e-4, atol=1e-5)
+        assert (hb.num_compiles() > before) == kernels
+    finally:
+        config.set_flag("HYBRID_EAGER_KERNELS", old)
+
+
+def test_eager_compiled_recurrence_inside_a_hybridized_parent_is_traced_with_it():
+    class Net(hb.nn.HybridBlock):
+        def __init__(self):
+            super().__init__()
+            self.lstm = rnn.LSTM(4, input_size=3)
+
+        def forward(self, x):
+            return self.lstm(x)
+    net = Net()
+    net.initialize()
+    x = hb.array(RNG.normal(size=(5, 2, 3)).astype("float32"))
+    eager = [net(x).asnumpy() for _ in range(2)]  # the second compiled, eagerly
+    net.hybridize(backend="llvm")
+    close(net(x).asnumpy(), eager[0], rtol=1e-5, atol=1e-5)
+    close(eager[1], eager[0], rtol=1e-5, atol=1e-5)
+    (entry,) = net._cached.entries.values()
+    assert [entry.graph.op(n) for n in entry.graph.g.nodes].count("foreach") == 1
