@@ -25,7 +25,7 @@ import os
 
 import numpy as np
 
-from runtime import config
+from runtime import config, engine
 from runtime.executable import Executable
 from runtime.memory import host_pool
 
@@ -254,11 +254,15 @@ class _SplitLoop:
                     for p in plans]
         for r in self.runs:  # each thread alone on its core: no pool under the products
             r.compiled.set_threads(1)
-        try:
-            pool = _loop_threads(len(self.runs) - 1)
-            rest = [pool.submit(r.run_steps, n, part(ins, w), part(outs, w))
-                    for w, r in enumerate(self.runs) if w]
-        except RuntimeError:  # the interpreter is exiting (no new threads): one after another
+        rest = None
+        if engine.threads_per_cpu_device() > 1:  # else the device's share is one core
+            try:
+                pool = _loop_threads(len(self.runs) - 1)
+                rest = [pool.submit(r.run_steps, n, part(ins, w), part(outs, w))
+                        for w, r in enumerate(self.runs) if w]
+            except RuntimeError:  # the interpreter is exiting: no new threads
+                rest = None
+        if rest is None:  # one slice after another
             return all([r.run_steps(n, part(ins, w), part(outs, w))
                         for w, r in enumerate(self.runs)])
         ok = self.runs[0].run_steps(n, part(ins, 0), part(outs, 0))
