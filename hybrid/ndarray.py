@@ -523,7 +523,7 @@ def _eager(name, args, attrs):
     else:
         entry = _infer_entry(name, args, attrs, key if akey is not None else None)
     specs, small, kernel = entry
-    if ready and device.kind == "cpu":
+    if device.kind == "cpu" and (ready or not small):
         # The caller's path: a small op whose inputs are computed runs right here while its
         # device is idle, without an engine op. Buffers are immutable and the outputs fresh,
         # so no queued op can be ordered before or after it: the engine would run it in
@@ -531,10 +531,11 @@ def _eager(name, args, attrs):
         # trips and the user's line. A failure takes the engine's path below, which reports
         # it at the sync point with the op's name and line, as always. (Engine.idle, spelled
         # out: this is the per-op hot path.) A long op (a big matmul) too when the device's
-        # dispatch trial found the loop faster so, as for a long compiled call.
+        # dispatch trial found the loop faster so, as for a long compiled call; the trial
+        # is told of every long op, ready or not (it counts a loop's iterations by them).
         eng = _engine_mod._engine
         if eng is not None and eng.inline and not eng._broken and (
-                small or _long_in_caller(entry, device, eng)):
+                small or _long_in_caller(entry, device, eng)) and ready:
             w = eng._workers.get(device)
             if w is None or (w.active == 0 and not w.queue):
                 try:

@@ -122,6 +122,18 @@ def test_long_op_path_chosen_by_the_trial_gives_the_same_result(monkeypatch, in_
     assert asked == [True], "a long op did not ask the eager ops' trial"
     assert (_pushes() == before) == in_caller
     np.testing.assert_array_equal(y.asnumpy(), a @ w)
+    # a long op on a pending input tells the trial too (it counts a loop's iterations by
+    # them) and is queued whatever the answer
+    gate = __import__("threading").Event()
+    slow = hb.NDArray(engine_mod_buffer(), (64, 512), "float32", x.device)
+    engine_mod.get_engine().push(
+        lambda: (gate.wait(5), setattr(slow._buf, "data", a)), (), (slow._buf.var,),
+        x.device, "slow")
+    before = _pushes()
+    z = slow @ wx
+    assert len(asked) == 2 and _pushes() == before + 1
+    gate.set()
+    np.testing.assert_array_equal(z.asnumpy(), a @ w)
 
 
 def test_computed_buffer_makes_its_var_on_demand():
