@@ -36,6 +36,7 @@ import base64
 import hashlib
 import json
 import os
+import sys
 import threading
 import time
 import warnings
@@ -164,6 +165,11 @@ def _store(key, exe):
     from .codegen.llvm.loaded import NativeRun, ProgramInfo  # noqa: PLC0415
     if type(exe) is not Executable or type(exe.run) is not NativeRun:
         return  # index checks, device parts, control flow: compiled each process
+    from .codegen.llvm import emit  # noqa: PLC0415 - it compiled this: loaded
+    if emit.settings_changed():  # a later process, which never imports emit, would load it
+        _log().info("%s: not cached: code generator settings changed at run time",
+                    exe.run.compiled.name)
+        return
     run = exe.run
     compiled = run.compiled
     record = compiled.native.record
@@ -288,6 +294,23 @@ def _reject(path, why):
     _log().warning(msg)
 
 
+def _settings_match(record: dict) -> bool:
+    """Whether the code generator's settings in this process are the ones the stored code
+    was generated with (the machine-code record's codegen version and extern split). Their
+    values in the source are in the key (the sources fingerprint); what this adds is a
+    value changed at run time (a test's monkeypatch). Checked only where the code
+    generator is loaded: a process that never imported it cannot have changed it."""
+    if "compiler.codegen.llvm.emit" not in sys.modules and \
+            "compiler.codegen.extern_plan" not in sys.modules:
+        return True
+    from .codegen.llvm import emit  # noqa: PLC0415 - loaded already, or about to compile
+    ok = record.get("x.codegen") == emit.CODEGEN_VERSION and \
+        record.get("x.externs") == emit.extern_key()
+    if not ok:
+        _log().info("executable cache entry not used: code generator settings changed")
+    return ok
+
+
 def _lookup(graph, key, device):
     rec, digest = key
     t0 = time.perf_counter()
@@ -306,6 +329,8 @@ def _lookup(graph, key, device):
         record = body["native"]
         if not isinstance(record, dict):
             raise ValueError("no machine-code record")
+        if not _settings_match(record):
+            return None
         before = None
         if body["blas"]:
             from runtime import blas  # noqa: PLC0415 - BLAS symbols must exist before linking

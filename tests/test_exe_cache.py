@@ -248,3 +248,18 @@ def test_a_broken_shared_library_is_detected_and_the_object_loaded(private_cache
     got = _outputs(x)
     assert native.stats["shared_loads"] == shared + 1
     np.testing.assert_array_equal(got, want)
+
+
+def test_code_generator_settings_changed_at_run_time_are_not_served_old_code(
+        private_cache, monkeypatch):
+    x = hb.random.normal(size=(4, 8))
+    want = _outputs(x)
+    hits = exe_cache.stats["hits"]
+    from compiler.codegen import extern_plan
+    monkeypatch.setattr(extern_plan, "max_workers", lambda: 3)  # as test_codegen_extern does
+    got = _outputs(x)
+    assert exe_cache.stats["hits"] == hits  # compiled with the patched split
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    monkeypatch.undo()  # and that code was not stored, to be loaded by a later process
+    _outputs(x)
+    assert exe_cache.stats["hits"] == hits + 1

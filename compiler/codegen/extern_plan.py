@@ -296,3 +296,18 @@ def scratch_bytes(op, attrs, in_specs, out_specs) -> int:
         _, workers, lay = conv_plan(op, g, dtype_name(in_specs[0].dtype))
         return workers * lay.size
     return 0
+
+
+def _settings() -> list:
+    return [max_workers(), PARALLEL_MIN_WORK, POOL_MIN_WORK, THIN_MIN_WORK, SCRATCH_BUDGET,
+            SGEMM_PACK_MIN_ROWS, SGEMM_MAX_K, SGEMM_MAX_A_BYTES, SGEMM_MIN_WORK]
+
+
+_SETTINGS_AT_IMPORT = _settings()
+
+
+def settings_changed() -> bool:
+    """Whether a split setting above differs from its value at import (a test's monkeypatch):
+    code generated then must not go to the executable cache, which a later process reads
+    without importing this module (compiler/exe_cache.py)."""
+    return _settings() != _SETTINGS_AT_IMPORT

@@ -725,6 +725,18 @@ def emit_ir(program: Program, name: str = "program") -> str:
     return ModuleBuilder(program, name).build()
 
 
+_CODEGEN_AT_IMPORT = CODEGEN_VERSION
+
+
+def settings_changed() -> bool:
+    """Whether this process changed the code generator's settings since they were imported
+    (CODEGEN_VERSION, the extern split: a test's monkeypatch); see extern_plan's."""
+    from .. import extern_plan  # noqa: PLC0415
+    from . import gemv  # noqa: PLC0415
+    return CODEGEN_VERSION != _CODEGEN_AT_IMPORT or extern_plan.settings_changed() or \
+        gemv.settings_changed()
+
+
 def extern_key() -> list:
     """The settings that split externs into workers: part of the machine-code cache key, as
     the Program shows them only through scratch sizes. Read here, not through extern.py:

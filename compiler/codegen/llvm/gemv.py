@@ -179,3 +179,11 @@ def gemv_rows(eb, dt, n, k, x, w, ldw, y, accumulate, part=None, packed=None):
         else:
             with b.if_then(last):
                 rows(eb.c(blocks * ROWS), n % ROWS)
+
+
+_SETTINGS_AT_IMPORT = (GEMV_PARALLEL_MIN, GEMV_CHUNKS)
+
+
+def settings_changed() -> bool:
+    """Whether GEMV_PARALLEL_MIN or GEMV_CHUNKS changed since import (emit.settings_changed)."""
+    return (GEMV_PARALLEL_MIN, GEMV_CHUNKS) != _SETTINGS_AT_IMPORT
