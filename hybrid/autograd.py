@@ -8,6 +8,7 @@ single tape node whose backward runs a compiled backward graph.
 from __future__ import annotations
 
 import contextlib
+import inspect
 
 import numpy as np
 
@@ -217,9 +218,25 @@ def _node_grads(node, outs):
         return node.backward_fn(outs)
     op = REGISTRY[node.name]
     single = op.num_outputs == 1
+    kw = node.attrs
+    if _takes_needs(op):  # skip the gradients no input takes (see OpDef.grad)
+        kw = dict(kw, needs=tuple(p is not None or leaf is not None
+                                  for p, leaf in zip(node.parents, node.leaves)))
     res = op.grad(F, node.values, node.outputs[0] if single else tuple(node.outputs),
-                  outs[0] if single else tuple(outs), **node.attrs)
+                  outs[0] if single else tuple(outs), **kw)
     return list(res)
+
+
+_TAKES_NEEDS: dict = {}  # op name -> whether its gradient rule takes ``needs``
+
+
+def _takes_needs(op) -> bool:
+    takes = _TAKES_NEEDS.get(op.name)
+    if takes is None:
+        param = inspect.signature(op.grad).parameters.get("needs")
+        takes = _TAKES_NEEDS[op.name] = param is not None and \
+            param.kind is inspect.Parameter.KEYWORD_ONLY
+    return takes
 
 
 def _write_grad(leaf: NDArray, g: NDArray):

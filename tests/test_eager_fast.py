@@ -376,3 +376,43 @@ def test_block_retracing_again_and_again_warns_once():
     assert len(mine) == 1, [str(w.message) for w in seen]
     text = str(mine[0].message)
     assert "changed shape" in text and "batch size" in text
+
+
+# ------------------------------------------------------------------ autograd's needs
+@pytest.mark.parametrize("op", ["matmul", "conv2d"])
+def test_backward_skips_the_gradient_of_an_input_that_takes_none(monkeypatch, op):
+    """A first layer's data needs no gradient: eager backward does not compute it (a 51M
+    multiply-add GEMM per MLP step); the gradients it computes are the same either way."""
+    from hybrid import ndarray
+    calls = []
+    real = ndarray._eager
+
+    def counting(name, args, attrs):
+        calls.append(name)
+        return real(name, args, attrs)
+    monkeypatch.setattr(ndarray, "_eager", counting)
+    rng = np.random.default_rng(2)
+    if op == "matmul":
+        xa, wa = rng.standard_normal((4, 5)), rng.standard_normal((5, 3))
+        heavy = ("matmul",)
+        f = lambda x, w: (x @ w).sum()  # noqa: E731
+    else:
+        xa, wa = rng.standard_normal((2, 3, 6, 6)), rng.standard_normal((4, 3, 3, 3))
+        heavy = ("conv2d_grad_data", "conv2d_grad_weight")
+        f = lambda x, w: hb.npx.convolution(x, w, None, kernel=(3, 3), num_filter=4,  # noqa: E731
+                                           no_bias=True).sum()
+    grads = {}
+    for with_x in (False, True):
+        x, w = hb.array(xa.astype(np.float32)), hb.array(wa.astype(np.float32))
+        w.attach_grad()
+        if with_x:
+            x.attach_grad()
+        with autograd.record():
+            y = f(x, w)
+        calls.clear()
+        y.backward()
+        grads[with_x] = (w.grad.asnumpy(), sum(calls.count(h) for h in heavy))
+    assert grads[False][1] == 1 and grads[True][1] == 2
+    # (a convolution's gradient kernels switch from NumPy to compiled code at a signature's
+    # second call: eager_kernels.MIN_CALLS)
+    np.testing.assert_allclose(grads[False][0], grads[True][0], rtol=1e-5, atol=1e-6)

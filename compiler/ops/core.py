@@ -231,7 +231,11 @@ class OpDef:
     infer(*specs, **attrs) -> Spec | tuple[Spec]: the type rule (raises OpError).
     impl(xp, *args, **attrs): the eager implementation over numpy or cupy.
     grad(F, inputs, out, g, **attrs) -> tuple: input gradients built with registry ops
-          through ``F`` (eager arrays or graph symbols alike); None for no gradient.
+          through ``F`` (eager arrays or graph symbols alike); None for no gradient. A rule
+          whose gradients are costly (matmul, conv2d) may take a keyword-only ``needs`` (a
+          bool per input) and return None where False: eager autograd has no dead-code
+          elimination and says which inputs need one (a first layer's data needs none);
+          graph autodiff passes nothing and prunes what is unused.
     scalar(b, *xs, **attrs): for elementwise ops, the expression code generators lower.
     """
     name: str

@@ -19,10 +19,10 @@ def _matmul_infer(a, b):
     return Spec(batch + (a.shape[-2], b.shape[-1]), result_dtype(_Arr(a), _Arr(b)))
 
 
-def _matmul_grad(F, i, out, g):
+def _matmul_grad(F, i, out, g, *, needs=(True, True)):
     a, b = i
-    ga = sum_to(F, F.matmul(g, swapaxes(F, b, -1, -2)), tuple(a.shape))
-    gb = sum_to(F, F.matmul(swapaxes(F, a, -1, -2), g), tuple(b.shape))
+    ga = sum_to(F, F.matmul(g, swapaxes(F, b, -1, -2)), tuple(a.shape)) if needs[0] else None
+    gb = sum_to(F, F.matmul(swapaxes(F, a, -1, -2), g), tuple(b.shape)) if needs[1] else None
     return (ga, gb)
 
 

@@ -103,11 +103,11 @@ def _conv_impl(xp, x, w, stride=1, pad=0, dilation=1, groups=1):
     return xp.ascontiguousarray(out.transpose(0, 3, 1, 2))
 
 
-def _conv_grad(F, i, out, g, stride=1, pad=0, dilation=1, groups=1):
+def _conv_grad(F, i, out, g, stride=1, pad=0, dilation=1, groups=1, *, needs=(True, True)):
     x, w = i
     kw = dict(stride=stride, pad=pad, dilation=dilation, groups=groups)
-    return (F.conv2d_grad_data(g, w, data_shape=tuple(x.shape), **kw),
-            F.conv2d_grad_weight(x, g, weight_shape=tuple(w.shape), **kw))
+    return (F.conv2d_grad_data(g, w, data_shape=tuple(x.shape), **kw) if needs[0] else None,
+            F.conv2d_grad_weight(x, g, weight_shape=tuple(w.shape), **kw) if needs[1] else None)
 
 
 register("conv2d", "extern", infer=_conv_infer, impl=_conv_impl, grad=_conv_grad,
