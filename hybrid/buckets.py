@@ -1,8 +1,9 @@
 """Shape buckets: one compiled graph serves a range of batch sizes (or sequence lengths).
 
-A hybridized block compiles its first input size exactly. When a second leading size
-arrives for the same arguments otherwise (the last, smaller batch of an epoch; sentences of
-another length), the call runs the graph of a *bucket* — the next size on ``LADDER`` — on
+A hybridized block compiles its first input size exactly. When a second size arrives along
+one axis for the same arguments otherwise (the last, smaller batch of an epoch on axis 0;
+sentences of another length, on axis 0 time-major or axis 1 batch-major as the book's
+(batch, num_steps) tokens), the call runs the graph of a *bucket* — the next size on ``LADDER`` — on
 its inputs padded with copies of their last row, and slices the real rows out of the
 results: the batch sizes 1..40 take 7 graphs (a power of two each), no call computing more
 than twice its rows. Where a ``foreach`` scans the padded axis (an RNN's time steps) the
@@ -47,8 +48,9 @@ SCAN_BUCKET = 64
 
 def _scans(first, family) -> bool:
     g = first.graph
-    got = batch_axes(g, {n: 0 for n, b in zip(g.inputs, family[2]) if b},
-                     g.spec(g.inputs[0]).shape[0])
+    axis = family[-1]
+    batched = [n for n, b in zip(g.inputs, family[2]) if b]
+    got = batch_axes(g, dict.fromkeys(batched, axis), g.spec(batched[0]).shape[axis])
     return got.ok and bool(got.scans)
 
 
@@ -58,16 +60,36 @@ def bucket_of(n: int) -> int | None:
     return LADDER[i] if i < len(LADDER) else None
 
 
-def _family(sig):
-    """What must match for two signatures to share buckets: everything but the leading
-    size of the batched arguments (those whose leading size is the first argument's)."""
+def _family(sig, axis=0):
+    """What must match for two signatures to share buckets along ``axis``: everything but
+    the size along it of the batched arguments (those whose size there is the first such
+    argument's). Axis 0 is a batch size or a time-major length; axis 1 a batch-major
+    length (the book's (batch, num_steps) tokens, NTC layouts)."""
     tree, specs, training = sig
-    if not specs or not specs[0][0]:
+    ref = next((s for s, _, _ in specs if len(s) > axis), None)
+    if ref is None:
         return None, None
-    size = specs[0][0][0]
-    batched = tuple(bool(s) and s[0] == size for s, _, _ in specs)
-    rest = tuple((s[1:] if b else s, d, dev) for (s, d, dev), b in zip(specs, batched))
-    return (tree, training, batched, rest), size
+    size = ref[axis]
+    batched = tuple(len(s) > axis and s[axis] == size for s, _, _ in specs)
+    rest = tuple((s[:axis] + s[axis + 1:] if b else s, d, dev)
+                 for (s, d, dev), b in zip(specs, batched))
+    return (tree, training, batched, rest, axis), size
+
+
+def _first_of_family(cf, sig):
+    """(family, size, first): the family of ``sig`` along the first axis where an exact
+    entry of the same family has another size, and that entry; (None, None, None)."""
+    ndim = max((len(s) for s, _, _ in sig[1]), default=0)
+    for axis in range(ndim):
+        family, size = _family(sig, axis)
+        if family is None or family in cf.no_buckets:
+            continue
+        first = next((e for s, e in cf.entries.items() if not isinstance(e, Bucketed)
+                      and _family(s, axis) != (family, size)
+                      and _family(s, axis)[0] == family), None)
+        if first is not None:
+            return family, size, first
+    return None, None, None
 
 
 class Bucketed:
@@ -75,10 +97,10 @@ class Bucketed:
 
     direct = False
 
-    def __init__(self, entry, size, padded, batched, out_axes, counted):
+    def __init__(self, entry, size, padded, batched, axis, out_axes, counted):
         self.entry = entry  # the bucket's Compiled entry
         self.size, self.padded = size, padded
-        self.batched = batched  # per argument: padded or not
+        self.batched, self.axis = batched, axis  # per argument: padded (along axis) or not
         self.out_axes = out_axes  # per output: (axis, rows per example) or None
         self.counted = counted  # the graph takes the real size as a last input
 
@@ -88,7 +110,7 @@ class Bucketed:
     def bucket_run(self, leaves, name):
         from .tracing import _run, flatten, unflatten  # noqa: PLC0415 - tracing imports us
         extra = self.padded - self.size
-        ins = [_pad(a, extra) if b else a for a, b in zip(leaves, self.batched)]
+        ins = [_pad(a, extra, self.axis) if b else a for a, b in zip(leaves, self.batched)]
         if self.counted:
             ins.append(array(self.size, dtype="int64", device=leaves[0].device))
         outs, tree = flatten(_run(self.entry, ins, name))
@@ -97,11 +119,14 @@ class Bucketed:
         return outs[0] if len(outs) == 1 and tree == ("a",) else unflatten(tree, outs)
 
 
-def _pad(a: NDArray, extra: int) -> NDArray:
+def _pad(a: NDArray, extra: int, axis: int = 0) -> NDArray:
+    """``a`` with ``extra`` copies of its last row along ``axis`` appended."""
     if not extra:
         return a
-    last = a[a.shape[0] - 1:]
-    return concatenate([a, broadcast_to(last, (extra,) + tuple(a.shape[1:]))])
+    n = a.shape[axis]
+    last = a[(slice(None),) * axis + (slice(n - 1, n),)]
+    shape = tuple(a.shape[:axis]) + (extra,) + tuple(a.shape[axis + 1:])
+    return concatenate([a, broadcast_to(last, shape)], axis=axis)
 
 
 def _take_rows(o: NDArray, axis, size):
@@ -116,11 +141,7 @@ def lookup(cf, sig, leaves, tree, args, kwargs):
     compiles it exactly)."""
     if cf.flags.get("static_shape") or not config.get("HYBRID_BUCKETS"):
         return None
-    family, size = _family(sig)
-    if family is None or family in cf.no_buckets:
-        return None
-    first = next((e for s, e in cf.entries.items() if not isinstance(e, Bucketed)
-                  and _family(s)[0] == family and _family(s)[1] != size), None)
+    family, size, first = _first_of_family(cf, sig)
     if first is None:
         return None  # the first size of this family: compiled exactly
     if first.backend == "reference":  # the oracle runs each size as it is, bit for bit
@@ -153,7 +174,7 @@ def lookup(cf, sig, leaves, tree, args, kwargs):
             cf.entries[sig] = own
             return own
     _log.info("%s: size %d runs the bucket of size %d", cf.name, size, padded)
-    b = Bucketed(entry, size, padded, family[2], entry.out_axes, entry.counted)
+    b = Bucketed(entry, size, padded, family[2], family[-1], entry.out_axes, entry.counted)
     cf.entries[sig] = b
     return b
 
@@ -162,8 +183,9 @@ def _build_bucket(cf, sig, family, padded, first, leaves, tree, args, kwargs):
     """(the bucket's compiled entry, its trace before rewriting) or None, with the reason
     kept in ``cf.no_buckets``."""
     tree_, specs, training = sig
-    psig = (tree_, tuple(((padded,) + tuple(s[1:]) if b else s, d, dev) for (s, d, dev), b
-                         in zip(specs, family[2])), training)
+    axis = family[-1]
+    psig = (tree_, tuple((tuple(s[:axis]) + (padded,) + tuple(s[axis + 1:]) if b else s, d,
+                          dev) for (s, d, dev), b in zip(specs, family[2])), training)
     from .ndarray import zeros  # noqa: PLC0415
     pleaves = [zeros(s, dtype=d, device=dev) for s, d, dev in psig[1]]
     why, refs = [], []
@@ -174,7 +196,7 @@ def _build_bucket(cf, sig, family, padded, first, leaves, tree, args, kwargs):
             why.append(reason)
             return None
         g = entry.graph
-        batched = {n: 0 for n, b in zip(g.inputs, family[2]) if b}
+        batched = {n: axis for n, b in zip(g.inputs, family[2]) if b}
         axes = batch_axes(g, batched, padded)
         if not axes.ok:
             why.append(f"padding would change its results: {axes.reason}")

@@ -284,3 +284,48 @@ def test_a_bucket_refused_for_its_random_draws_leaves_the_stream_as_eager():
     for w, g in zip(want, got):
         np.testing.assert_array_equal(g, w)
     np.testing.assert_array_equal(after_h, after_e)
+
+
+class _BatchMajorLM(nn.HybridBlock):
+    """The book's RNNModel: (batch, num_steps) tokens, transposed inside to time-major."""
+
+    def __init__(self):
+        super().__init__()
+        self.embedding = nn.Embedding(11, 4)
+        self.lstm = gluon.rnn.LSTM(6, input_size=4)
+        self.dense = nn.Dense(11, in_units=6)
+
+    def forward(self, tokens, state):
+        y, state = self.lstm(self.embedding(tokens.T), state)
+        return self.dense(y.reshape((-1, 6))), state
+
+
+def test_batch_major_sequence_lengths_share_a_bucket_along_axis_1():
+    """Lengths on axis 1 (the book's (batch, num_steps) tokens, NTC) take buckets like axis
+    0's: the first length exactly, then one 64-step bucket, outputs, final states and
+    gradients as eager."""
+    net = _BatchMajorLM()
+    net.initialize()
+    rng = np.random.default_rng(5)
+    toks = [hb.array(rng.integers(0, 11, (3, t))) for t in (9, 13, 23, 40, 17)]
+    state = [arr((1, 3, 6)), arr((1, 3, 6))]
+
+    def run():
+        res = []
+        for x in toks:
+            with autograd.record():
+                out, new = net(x, state)
+                loss = (out * out).sum() + new[1].sum()
+            loss.backward()
+            res.append([out.asnumpy(), new[0].asnumpy(), new[1].asnumpy()] +
+                       [p.grad().asnumpy().copy() for p in net.collect_params().values()])
+        return res
+    want = run()
+    net.hybridize()
+    c0 = hb.num_compiles()
+    got = run()
+    for w, g in zip(want, got):
+        for a, b in zip(w, g):
+            np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)
+    assert hb.num_compiles() - c0 == 4  # length 9 exactly, then the 64-step bucket: each a
+    # training forward and backward
