@@ -33,6 +33,7 @@ SCRIPTS = {
     "ch12_5_multi_device_scratch.py": 180,
     "ch12_6_multi_device_concise.py": 240,
     "ch12_7_parameter_server.py": 240,
+    "ch9_rnn_lm.py": 180,
 }
 
 _RESULT = re.compile(r"^\s*\[result\] (\S+) = (.*)$")
@@ -122,6 +123,16 @@ def test_ch12_1_hybridize(runs):
     assert true(res, "export.equal_fresh_process")
     for k in ("eager", "reference", "llvm", "numpy"):
         assert num(res, f"mlp.us_per_call.{k}") > 0
+
+
+def test_ch9_rnn_lm(runs):
+    res = result_of(runs, "ch9_rnn_lm.py")
+    assert true(res, "ppl.first_epoch_agree")  # eager and hybridized: one program
+    assert true(res, "ppl.learned")
+    assert num(res, "ppl.last_epoch.lengths") < num(res, "ppl.first_epoch.eager")
+    assert num(res, "lengths.compiles") <= 16  # buckets, not one graph per length (~40)
+    for k in ("eager", "hybridized", "lengths"):
+        assert num(res, f"ms_per_epoch.{k}") > 0
 
 
 def test_ch12_2_async(runs):
