@@ -697,8 +697,9 @@ def _run(entry: Compiled, leaves, name):
     if recording and any(_needs_grad(a) for a in inputs + handles):
         outs = _run_training(entry, inputs, handles, device, name)
     else:
-        outs = _push(entry.exe, device, [a._buf for a in inputs], [h._buf for h in handles],
-                     entry.exe.out_specs, name)
+        exe = entry.compiled_exe or entry.exe  # (the property compiles it on first use)
+        outs = _push(exe, device, [a._buf for a in inputs], [h._buf for h in handles],
+                     exe.out_specs, name)
     for p, k in entry.state_updates:
         handles[entry.params.index(p)]._buf = outs[k]._buf
         rebind_token[0] = object()
