@@ -111,7 +111,7 @@ def key_record(graph, backend: str, device=None) -> dict | None:
     if backend != "llvm" or _watching():
         return None
     try:
-        text = graph.to_json()
+        text = graph.to_json(indent=None)
     except (TypeError, ValueError):  # an attribute with no JSON form: compile, uncached
         return None
     h = hashlib.sha256(text.encode())

@@ -229,7 +229,9 @@ class Graph:
         return counts
 
     # ------------------------------------------------------------- JSON
-    def to_json(self, with_constants: bool = True) -> str:
+    def to_json(self, with_constants: bool = True, indent: int | None = 1) -> str:
+        """The graph as JSON (keys sorted). ``indent=None``: one line, written by json's C
+        encoder, ~5-10x faster (what the executable cache hashes)."""
         nodes = []
         for n in self.topo_order():
             d = self.node(n)
@@ -248,7 +250,7 @@ class Graph:
             doc["constants"] = {k: {"dtype": v.dtype.name, "shape": list(v.shape),
                                     "data": base64.b64encode(v.tobytes()).decode("ascii")}
                                 for k, v in self.constants.items()}
-        return json.dumps(doc, indent=1, sort_keys=True)
+        return json.dumps(doc, indent=indent, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str | bytes, constants: dict | None = None) -> "Graph":
