@@ -107,9 +107,9 @@ def sources_fingerprint() -> str:
 def key_record(graph, backend: str, device=None) -> dict | None:
     """The named key record of ``graph`` compiled for ``backend`` on this host, or None
     where the cache does not apply (a backend other than LLVM, a graph that has no JSON
-    form, someone watching the compile)."""
-    if backend != "llvm" or _watching():
-        return None
+    form or carries decisions in ``meta``, someone watching the compile)."""
+    if backend != "llvm" or _watching() or graph.meta:
+        return None  # (meta: decisions made before compiling, e.g. a loop body's: not keyed)
     try:
         text = graph.to_json(indent=None)
     except (TypeError, ValueError):  # an attribute with no JSON form: compile, uncached
