@@ -92,8 +92,12 @@ def _steps(depth):
 def programs(draw):
     prog = draw(_programs())
     if draw(st.booleans()):  # a batch size per call: the shape buckets' padded graphs
-        prog.sizes = draw(st.lists(st.integers(1, 9), min_size=len(prog.calls),
-                                   max_size=len(prog.calls)))
+        # a training call takes two rows at least: a BatchNorm's statistics over one value
+        # per channel make its output the bias, whatever the input, and its gradients zero
+        # up to rounding noise, whose sign eager and compiled code need not share (PyTorch
+        # refuses such a batch; found by the slow run: BatchNorms around a loop, batch 1)
+        prog.sizes = [draw(st.integers(2 if call == "train" else 1, 9))
+                      for call in prog.calls]
     return prog
 
 
