@@ -269,16 +269,12 @@ def compile_ir(ir_text, entries, key: dict | None = None, name: str = "module",
     if mod is not None:
         return mod
     with _lock:
-        mod = _loaded.get(digest)
-        if mod is not None:
-            return mod
         t0 = time.perf_counter()
         dump = config.get("HYBRID_DUMP_DIR")
-        path = cache_path(digest)
-        mod = None if dump else _load_shared(digest, record, name, entries, tuple(globals_),
-                                             tuple(optional_globals))
+        mod = _known(digest, record, name, entries, globals_, optional_globals, dump)
         if mod is not None:
             return mod
+        path = cache_path(digest)
         obj = None if dump else _read_cache(path, record)
         hit = obj is not None
         times = {}
@@ -319,11 +315,7 @@ def load_cached(record: dict, entries, name: str = "module", before_load=None, g
     if mod is not None:
         return mod
     with _lock:
-        mod = _loaded.get(digest)
-        if mod is not None:
-            return mod
-        mod = _load_shared(digest, record, name, tuple(entries), tuple(globals_),
-                           tuple(optional_globals))
+        mod = _known(digest, record, name, entries, globals_, optional_globals, False)
         if mod is not None:
             return mod
         t0 = time.perf_counter()
@@ -341,6 +333,28 @@ def load_cached(record: dict, entries, name: str = "module", before_load=None, g
         mod = NativeModule(name, engine, addresses, digest, True, record)
         _loaded[digest] = mod
         return mod
+
+
+def _mismatch(meta: dict, record: dict, data: bytes):
+    """Why ``data`` is not what ``meta`` (a cache file's header) says it holds for the key
+    ``record``: None when it is."""
+    if meta.get("key") != record:
+        return "key record differs"
+    if meta.get("size") != len(data):
+        return f"size {len(data)} != {meta.get('size')} (truncated?)"
+    if meta.get("sha256") != hashlib.sha256(data).hexdigest():
+        return "sha256 mismatch"
+    return None
+
+
+def _known(digest, record, name, entries, globals_, optional_globals, dump):
+    """The module of ``digest`` loaded in this process already or, unless dumping (which asks
+    for the IR), from its linked shared library in the disk cache; None. Under ``_lock``."""
+    mod = _loaded.get(digest)
+    if mod is None and not dump:
+        mod = _load_shared(digest, record, name, tuple(entries), tuple(globals_),
+                           tuple(optional_globals))
+    return mod
 
 
 def _compile(ir_text: str, name: str, dump):
@@ -510,15 +524,7 @@ def _load_shared(digest, record, name, entries, globals_, optional_globals):
     except (OSError, ValueError, UnicodeDecodeError) as exc:
         doc, data = None, b""
         _log().info("shared library %s unreadable (%s)", so, exc)
-    why = None
-    if not isinstance(doc, dict):
-        why = "no valid metadata"
-    elif doc.get("key") != record:
-        why = "key record differs"
-    elif doc.get("size") != len(data):
-        why = f"size {len(data)} != {doc.get('size')} (truncated?)"
-    elif doc.get("sha256") != hashlib.sha256(data).hexdigest():
-        why = "sha256 mismatch"
+    why = _mismatch(doc, record, data) if isinstance(doc, dict) else "no valid metadata"
     if why is not None:
         msg = f"hybrid: compile cache entry {so} is corrupt ({why}); loading the object"
         warnings.warn(msg, RuntimeWarning, stacklevel=4)
@@ -580,12 +586,7 @@ def _read_cache(path: Path, record: dict):
         why = "no valid header"
     else:
         obj = data[nl + 1:]
-        if header.get("key") != record:
-            why = "key record differs"
-        elif header.get("size") != len(obj):
-            why = f"size {len(obj)} != {header.get('size')} (truncated?)"
-        elif header.get("sha256") != hashlib.sha256(obj).hexdigest():
-            why = "sha256 mismatch"
+        why = _mismatch(header, record, obj)
     if why is None:
         return obj
     msg = f"hybrid: compile cache entry {path} is corrupt ({why}); recompiling"
