@@ -26,7 +26,7 @@ def _pushes():
 def test_small_op_runs_in_the_caller_with_numpy_result():
     a = np.array([[0.5, -1.25]], np.float32)
     x = hb.array(a)
-    x.wait_to_read()
+    hb.waitall()  # the device idle: an earlier test's ops may still be in flight
     before = _pushes()
     y = x + 1
     z = hb.tanh(y) * 3
