@@ -302,6 +302,22 @@ def compile_ir(ir_text, entries, key: dict | None = None, name: str = "module",
         return mod
 
 
+_builtins: dict = {}  # name -> NativeModule of the process-wide helper modules
+
+
+def builtin_module(name: str, emit_ir, source_key: str, entries) -> NativeModule:
+    """A process-wide helper module (the thread pool, the loop step driver), loaded once:
+    its IR, ``emit_ir(triple, data_layout)``, is generated only when the disk cache misses,
+    keyed by ``source_key`` (the emitter's version)."""
+    mod = _builtins.get(name)
+    if mod is None:
+        info = target_info()
+        mod = compile_ir(lambda: emit_ir(info["triple"], info["data_layout"]), entries,
+                         name=name, source_key=source_key)  # one compile: its lock, its memo
+        _builtins[name] = mod
+    return mod
+
+
 def load_cached(record: dict, entries, name: str = "module", before_load=None, globals_=(),
                 optional_globals=()) -> NativeModule | None:
     """The machine code of a key record that :func:`compile_ir` made (``NativeModule.record``),

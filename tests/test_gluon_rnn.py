@@ -633,7 +633,7 @@ def test_eager_layer_runs_its_recurrence_compiled_from_a_signatures_second_call(
     from hybrid.nn import rnn_layers
     from runtime import config
     monkeypatch.setattr(rnn_layers, "_SEEN", {})  # no signature seen by an earlier test
-    monkeypatch.setattr(rnn_layers, "_SCANS", {})
+    monkeypatch.setattr(rnn_layers, "_COMPILED", {})
     old = config.set_flag("HYBRID_EAGER_KERNELS", kernels)
     try:
         # one layer, one direction: each call one use of the signature

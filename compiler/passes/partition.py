@@ -65,7 +65,7 @@ def partition(graph: Graph) -> Partitioning:
     for n in reversed(order) if len(devices_of(graph)) == 1 else ():
         users = graph.users(n)
         if graph.op(n) in SOURCE_OPS or n in ctrl or n in graph.outputs or not users or any(
-                u in ctrl or dev[u] != dev[n] for u in users):
+                u in ctrl for u in users):
             continue
         stage[n] = max(stage[n], min(stage[u] for u in users))
     key_of = {n: (stage[n], dev[n], ctrl.get(n, -1)) for n in order

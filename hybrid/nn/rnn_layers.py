@@ -223,14 +223,13 @@ def _one(h):
 # second call, the first runs the Python loop, as eager kernels do: hybrid/eager_kernels.py).
 # The eager Python loop costs ~13 ops per step: an LSTM language model's training step ran
 # 5.8x PyTorch eager's. Inside a trace the scan is traced with the block, as before.
-_SCANS: dict = {}
-_SEEN: dict = {}
+_SCANS: dict = {}  # mode -> the scan function
+_COMPILED: dict = {}  # mode -> the scan function hybridized
+_SEEN: dict = {}  # signature -> calls run by the Python loop so far
 
 
 def _recurrence(mode, args):
-    fn = _SCANS.get(mode)
-    if fn is None:
-        fn = _SCANS[mode] = _scan(mode)
+    fn = _SCANS.get(mode) or _SCANS.setdefault(mode, _scan(mode))
     if _state.tracing() or not config.get("HYBRID_EAGER_KERNELS") or args[0].shape[0] == 0:
         return fn(*args)
     key = (mode,) + tuple((a.shape, a.dtype, str(a.device)) for a in args)
@@ -240,9 +239,9 @@ def _recurrence(mode, args):
             _SEEN.clear()
         _SEEN[key] = calls + 1
         return fn(*args)
-    compiled = _SCANS.get((mode, "compiled"))
+    compiled = _COMPILED.get(mode)
     if compiled is None:
-        compiled = _SCANS[(mode, "compiled")] = hybridize(fn)
+        compiled = _COMPILED[mode] = hybridize(fn)
         compiled.cache._retrace_warned = True  # one function for every layer: many shapes
     return compiled(*args)
 

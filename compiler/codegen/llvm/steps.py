@@ -10,7 +10,6 @@ is one native call with the GIL released, no Python and no allocation per step.
 from __future__ import annotations
 
 import ctypes
-import threading
 
 from llvmlite import ir
 
@@ -19,7 +18,6 @@ from .scalar import I64, PTR
 VERSION = 1
 SYMBOL = "hybrid_steps"
 
-_lock = threading.Lock()
 _state: dict = {}
 
 
@@ -66,17 +64,11 @@ def emit_steps_ir(triple: str, data_layout: str) -> str:
 def driver():
     """The compiled driver as a ctypes function (GIL released during the call)."""
     fn = _state.get("fn")
-    if fn is not None:
-        return fn
-    with _lock:
-        if "fn" not in _state:
-            from runtime import native  # noqa: PLC0415
-            info = native.target_info()
-            mod = native.compile_ir(lambda: emit_steps_ir(info["triple"], info["data_layout"]),
-                                    [SYMBOL], name="hybrid_steps",
-                                    source_key=f"hybrid_steps/{VERSION}")
-            _state["module"] = mod
-            v = ctypes.c_void_p
-            _state["fn"] = mod.cfunc(SYMBOL, None, v, v, ctypes.c_int64, ctypes.c_int64, v, v,
-                                     v)
-        return _state["fn"]
+    if fn is None:
+        from runtime import native  # noqa: PLC0415
+        mod = native.builtin_module("hybrid_steps", emit_steps_ir, f"hybrid_steps/{VERSION}",
+                                    [SYMBOL])
+        v = ctypes.c_void_p
+        fn = _state["fn"] = mod.cfunc(SYMBOL, None, v, v, ctypes.c_int64, ctypes.c_int64, v,
+                                      v, v)
+    return fn

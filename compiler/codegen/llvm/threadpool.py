@@ -22,7 +22,6 @@ After a fork the child starts over with no pool threads (the pid is checked per 
 """
 from __future__ import annotations
 
-import threading
 
 POOL_VERSION = 1
 SYMBOL = "hybrid_pool_run"
@@ -31,31 +30,24 @@ MAX_HELPERS = 63
 SPIN_YIELDS = 2000  # polls (sched_yield) before a pool thread sleeps: ~0.5-1 ms
 SYNC_BYTES = 128  # room for a pthread mutex or condition variable on any platform we run on
 
-_lock = threading.Lock()
 _state: dict = {}
 
 
 def address() -> int:
     """The pool's entry point, compiled (or loaded from the disk cache) on first use."""
     addr = _state.get("addr")
-    if addr is not None:
-        return addr
-    with _lock:
-        if "addr" not in _state:
-            from runtime import native  # noqa: PLC0415
-            info = native.target_info()
+    if addr is None:
+        from runtime import native  # noqa: PLC0415
 
-            def ir_text():  # only on a compile (threadpool_ir.py)
-                from .threadpool_ir import emit_pool_ir  # noqa: PLC0415
-                return emit_pool_ir(info["triple"], info["data_layout"])
-            mod = native.compile_ir(
-                ir_text, [SYMBOL],
-                name="hybrid_pool",
-                source_key=f"hybrid_pool/{POOL_VERSION}/{SPIN_YIELDS}/{MAX_HELPERS}/"
-                           f"{MAX_CHUNKS}")
-            _state["module"] = mod
-            _state["addr"] = mod.address(SYMBOL)
-        return _state["addr"]
+        def emit(triple, data_layout):  # only on a compile (threadpool_ir.py)
+            from .threadpool_ir import emit_pool_ir  # noqa: PLC0415
+            return emit_pool_ir(triple, data_layout)
+        mod = native.builtin_module(
+            "hybrid_pool", emit, f"hybrid_pool/{POOL_VERSION}/{SPIN_YIELDS}/{MAX_HELPERS}/"
+                                 f"{MAX_CHUNKS}", [SYMBOL])
+        _state["module"] = mod
+        addr = _state["addr"] = mod.address(SYMBOL)
+    return addr
 
 
 def native_module():
