@@ -26,6 +26,9 @@
 #     bash benchmarks/gpu_wheels.sh           # once: the wheels that machine lacks
 #     run(command="bash benchmarks/gpu_check.sh", carry=["benchmarks/wheels"], timeout_s=560)
 #
+# GPU_CHECK_T_MARKED / _T_FILE / _T_BENCH (seconds) and GPU_CHECK_BENCH_BUDGET shorten the steps
+# where less device time is left (a rerun after a fix).
+#
 # GPU_CHECK_SMOKE=1 runs the same plumbing on two EMULATED GPUs with tiny sizes (seconds to a
 # minute; results under /tmp/gpu_check_smoke, labelled emulated): how CI-less machines check
 # this script. Its figures are never GPU figures.
@@ -46,7 +49,7 @@ if [ "$SMOKE" = 1 ]; then
 else
     RES=${RESULTS_DIR:-$ROOT/benchmarks/results/gpu}
     unset HYBRID_GPU_EMULATE  # the real GPU
-    BENCH_ARGS=(--budget 230)
+    BENCH_ARGS=(--budget "${GPU_CHECK_BENCH_BUDGET:-230}")
     REGISTRY_FILTER="not every_registry_op or float32"
 fi
 mkdir -p "$RES"
@@ -99,14 +102,14 @@ say "GPU: ${SMI:-none seen by nvidia-smi}"
 "$PY" -c "import sys, cupy; print('python', sys.version.split()[0], 'cupy', cupy.__version__)" 2>&1 | tee -a "$LOG"
 
 # ------------------------------------------------------------------ 2. tests
-step tests_gpu_marked 100 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/ \
+step tests_gpu_marked "${GPU_CHECK_T_MARKED:-100}" "$PY" -m pytest -q -p no:cacheprovider -o timeout=60 -m gpu tests/ \
     --junitxml="$RES/junit_gpu_marked.xml"
-step tests_gpu_file 150 "$PY" -m pytest -q -p no:cacheprovider tests/test_gpu_emulated.py \
+step tests_gpu_file "${GPU_CHECK_T_FILE:-150}" "$PY" -m pytest -q -p no:cacheprovider -o timeout=60 tests/test_gpu_emulated.py \
     ${REGISTRY_FILTER:+-k "$REGISTRY_FILTER"} --junitxml="$RES/junit_gpu_file.xml"
 
 # ------------------------------------------------------------------ 3. benchmarks
 rm -f "$RES/bench.json"
-step bench 270 "$PY" benchmarks/bench_gpu.py "${BENCH_ARGS[@]}" --json "$RES/bench.json"
+step bench "${GPU_CHECK_T_BENCH:-270}" "$PY" benchmarks/bench_gpu.py "${BENCH_ARGS[@]}" --json "$RES/bench.json"
 
 # ------------------------------------------------------------------ 4. report
 "$PY" benchmarks/gpu_report.py --out "$RES/gpu_check.json" --bench "$RES/bench.json" \
