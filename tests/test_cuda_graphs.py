@@ -12,6 +12,7 @@ from conftest import mismatches_in_threads
 
 import hybrid as hb
 from hybrid import nn
+from compiler.codegen.cuda import replay
 from runtime import config
 from runtime.gpu import GPUError
 
@@ -19,11 +20,36 @@ pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
 
 @pytest.fixture
-def graphs_flag():
-    """Restores HYBRID_CUDA_GRAPHS after a test that sets it."""
+def graphs_flag(monkeypatch):
+    """Restores HYBRID_CUDA_GRAPHS after a test that sets it; graphs are replayed whatever
+    their io costs (these nets are tiny: the cost rule alone would launch them plainly)."""
+    monkeypatch.setattr(replay, "graph_pays", lambda launches, copies, nbytes: True)
     old = config.get("HYBRID_CUDA_GRAPHS")
     yield
     config.set_flag("HYBRID_CUDA_GRAPHS", old)
+
+
+def test_graph_pays_only_where_launches_outweigh_its_copies():
+    # one launch never pays for a copy in and out; 64M floats in and out cost more than
+    # the launches of a small net; a net of many launches and a small io pays
+    assert not replay.graph_pays(1, 2, 8)
+    assert not replay.graph_pays(20, 2, 2 * 4 * (64 << 20))
+    assert replay.graph_pays(20, 2, 2 * 4 * 512)
+    assert not replay.graph_pays(4, 10, 1024)
+
+
+def test_large_io_runs_plain_under_the_cost_rule(emulated_gpu, graphs_flag, monkeypatch):
+    """The default rule: an elementwise op on a large array is one launch, and copying its
+    input and output through static buffers would double the memory traffic."""
+    monkeypatch.undo()  # the real rule
+    config.set_flag("HYBRID_CUDA_GRAPHS", 1)
+    f = hb.hybridize(lambda x: hb.tanh(x) + 1, backend="cuda")
+    x = hb.array(np.linspace(-1, 1, 1 << 16, dtype=np.float32), device=emulated_gpu)
+    for _ in range(3):
+        np.testing.assert_allclose(f(x).asnumpy(), np.tanh(x.asnumpy()) + 1, rtol=1e-6)
+    [entry] = f.cache.entries.values()
+    stats = entry.exe.report["cuda_graphs"]
+    assert stats["captures"] == 0 and stats["plain_calls"] == 3, stats
 
 
 def _net(dev):

@@ -1496,3 +1496,34 @@ def test_sum_gradient_hypothesis(data):
         y.backward(hb.array(head, dtype="float64"))
         want = _fd_grad(name, (xs,), {"axis": axis, "keepdims": keepdims}, 0, head, 1e-6)
         np.testing.assert_allclose(hx.grad.asnumpy(), want, rtol=1e-6, atol=1e-7)
+
+
+class _NoModeXp:
+    """NumPy as CuPy's ``take`` sees it: no ``mode`` (out-of-range indices wrap)."""
+
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+    @staticmethod
+    def take(x, indices, axis=None):
+        return np.take(x, indices, axis=axis, mode="wrap")
+
+
+@pytest.mark.parametrize("mode", ["clip", "wrap", "raise"])
+def test_take_keeps_numpys_modes_where_the_array_module_has_none(mode):
+    """CuPy's take has no mode (found on an H100): the op clips or checks the indices itself,
+    so gpu(0) gives NumPy's answer, and 'raise' NumPy's IndexError."""
+    from compiler.ops.movement import _take_impl
+    x = np.arange(12, dtype=np.float32).reshape(4, 3)
+    idx = np.array([0, 3, -1, 1]) if mode == "raise" else np.array([0, 5, -2, 1, -7])
+    for axis in (0, 1, -1):
+        want = np.take(x, np.clip(idx, -3, 2) if mode == "raise" else idx, axis=axis,
+                       mode=mode)
+        got = _take_impl(_NoModeXp(), x, np.clip(idx, -3, 2) if mode == "raise" else idx,
+                         axis=axis, mode=mode)
+        np.testing.assert_array_equal(got, want)
+    if mode == "raise":
+        with pytest.raises(IndexError, match="index 7 is out of bounds for axis 0 with size 4"):
+            _take_impl(_NoModeXp(), x, np.array([0, 7]), axis=0, mode="raise")
+        with pytest.raises(IndexError, match="index -5 is out of bounds"):
+            _take_impl(_NoModeXp(), x, np.array([-5, 1]), axis=0, mode="raise")

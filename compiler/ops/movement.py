@@ -236,7 +236,19 @@ def _take_infer(x, indices, axis=0, mode="clip"):
 
 
 def _take_impl(xp, x, indices, axis=0, mode="clip"):
-    return xp.take(x, indices, axis=axis, mode=mode)
+    if xp is np:
+        return np.take(x, indices, axis=axis, mode=mode)
+    # CuPy's take has no mode (its indices wrap): clip or check here, with NumPy's meaning
+    axis = normalize_axis(axis, x.ndim, "take")[0]
+    dim = x.shape[axis]
+    if mode == "clip" and dim:
+        indices = xp.clip(indices, 0, dim - 1)  # NumPy's clip sends negatives to 0 too
+    elif mode == "raise" and indices.size:
+        lo, hi = int(indices.min()), int(indices.max())  # a sync: 'raise' needs the values
+        if lo < -dim or hi >= dim:
+            bad = hi if hi >= dim else lo
+            raise IndexError(f"index {bad} is out of bounds for axis {axis} with size {dim}")
+    return xp.take(x, indices, axis=axis)
 
 
 def _take_grad(F, i, out, g, axis=0, mode="clip"):

@@ -50,9 +50,11 @@ class CupyEvent(seam.Event):
         self.ev, self.where = ev, where
 
     def query(self) -> bool:
-        return bool(self.ev.done)
+        return self.ev is None or bool(self.ev.done)  # never recorded: done, as in CUDA
 
     def synchronize(self, timeout=None):
+        if self.ev is None:
+            return
         poll(lambda: self.ev.done, timeout, self.where)
         self.ev.synchronize()  # done already: raises a failure of the work before it
 

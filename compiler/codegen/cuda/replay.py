@@ -31,11 +31,27 @@ stats and goes on with plain launches.
 """
 from __future__ import annotations
 
+import numpy as np
+
 from runtime import config
 
 _log = config.logger("compile")
 
 MAX_POINTER_CAPTURES = 4
+
+# What a launch or a copy costs the host (CuPy's call from Python, the driver's queueing),
+# and the rate a device-to-device copy moves bytes, read and written counted (an H100 measured
+# ~2.4e12): a graph saves launches but costs its io copies, so it is replayed only where it
+# is cheaper (a 64M-element elementwise chain: one launch, 512 MB of copies: plain).
+LAUNCH_COST_S = 5e-6
+COPY_RATE = 2.0e12
+
+
+def graph_pays(launches: int, copies: int, copy_bytes: int) -> bool:
+    """Whether one replay plus ``copies`` copies of ``copy_bytes`` in all beats ``launches``
+    plain launches."""
+    replay = (copies + 1) * LAUNCH_COST_S + 2 * copy_bytes / COPY_RATE
+    return replay < launches * LAUNCH_COST_S
 
 
 class StaticGraph:
@@ -57,6 +73,14 @@ class StaticGraph:
         self.stream = None
         self.stats = {"captures": 0, "replays": 0, "params_in_place": 0, "plain_calls": 0,
                       "fallback": None}
+        nbytes = [int(np.prod(shape)) * dt.itemsize for shape, dt in run.want]
+        io_pos = [p for p, k in enumerate(self.kinds) if k in ("input", "output") and nbytes[p]]
+        par_pos = [p for p in self.param_pos if nbytes[p]]
+        launches = len(run.source.launches)
+        # (params in place, params copied): is the graph worth its copies?
+        self.pays = (graph_pays(launches, len(io_pos), sum(nbytes[p] for p in io_pos)),
+                     graph_pays(launches, len(io_pos) + len(par_pos),
+                                sum(nbytes[p] for p in io_pos + par_pos)))
 
     def usable(self) -> bool:
         return bool(config.get("HYBRID_CUDA_GRAPHS")) and self.stats["fallback"] is None
@@ -65,9 +89,16 @@ class StaticGraph:
         """Carry out the launches for a call whose io positions hold ``io`` (the caller's
         arrays): copies in, one graph replay, copies out; plain launches if capture fails."""
         gpu = self.run.gpu
+        address = gpu.address
+        ptrs = tuple(address(io[pos]) for pos in self.param_pos)
+        in_place = ptrs == self.last_params or \
+            self.in_place is not None and self.in_place[0] == ptrs
+        if not self.pays[not in_place]:
+            self.last_params = ptrs
+            return self.plain(io)
         if self.static is None:
             self.static = self._static_buffers()
-        graph, copy_params = self._graph_for(io)
+        graph, copy_params = self._graph_for(io, ptrs)
         if graph is None:
             return self.plain(io)
         stream = gpu.compute_stream
@@ -82,10 +113,9 @@ class StaticGraph:
         self.stats["replays"] += 1
         self.stats["params_in_place"] += not copy_params
 
-    def _graph_for(self, io):
-        """(the graph for this call, whether its parameters must be copied in)."""
-        address = self.run.gpu.address
-        ptrs = tuple(address(io[pos]) for pos in self.param_pos)
+    def _graph_for(self, io, ptrs):
+        """(the graph for this call, whether its parameters must be copied in), the call's
+        parameters being at ``ptrs``."""
         stable, self.last_params = ptrs == self.last_params, ptrs
         if self.in_place is not None and self.in_place[0] == ptrs:
             return self.in_place[1], False
