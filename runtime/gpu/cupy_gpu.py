@@ -265,6 +265,31 @@ class CupyGPU(seam.GPU):
 
         (stream or self.compute_stream).run("gemm", run)
 
+    def gemm_strided(self, spec, a, b, c, stream=None):
+        from cupy_backends.cuda.libs import cublas  # noqa: PLC0415
+        f64 = spec.dtype == "float64"
+        fn = cublas.dgemmStridedBatched if f64 else cublas.sgemmStridedBatched
+        one, zero = _ONE_ZERO[f64]
+        op_t, op_n = cublas.CUBLAS_OP_T, cublas.CUBLAS_OP_N
+        # cuBLAS is column-major: a row-major C = op(A) op(B) is the column-major
+        # C^T = op(B)^T op(A)^T, i.e. the same call with the operands swapped
+        args = (op_t if spec.trans_b else op_n, op_t if spec.trans_a else op_n,
+                spec.n, spec.m, spec.k, one.ctypes.data, int(b), spec.ldb, spec.stride_b,
+                int(a), spec.lda, spec.stride_a, zero.ctypes.data, int(c), spec.n,
+                spec.m * spec.n, spec.batch)
+
+        def run(s):
+            handle = self.cp.cuda.device.get_cublas_handle()
+            cublas.setStream(handle, s.s.ptr)
+            fn(handle, *args)
+
+        (stream or self.compute_stream).run("gemm", run)
+
+
+# cuBLAS reads alpha and beta through host pointers (its default pointer mode), at the call
+_ONE_ZERO = {False: (np.ones((), np.float32), np.zeros((), np.float32)),
+             True: (np.ones((), np.float64), np.zeros((), np.float64))}
+
 
 class _Active:
     """This GPU and its compute stream current in this thread (CuPy's are per thread)."""

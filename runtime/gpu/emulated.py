@@ -18,6 +18,7 @@ NumPy's. What makes it a GPU to the code above is the stream model, kept exactly
 from __future__ import annotations
 
 import collections
+import ctypes
 import threading
 import weakref
 
@@ -246,6 +247,16 @@ class EmulatedModule(seam.Module):
             lambda: built.launch(kernel_name, grid, block, shared, conv))
 
 
+def _strided(address: int, dt, batch: int, stride: int, rows: int, ld: int, cols: int):
+    """A (batch, rows, cols) NumPy view of host memory at ``address``: rows ``ld`` elements
+    apart, matrices ``stride`` apart."""
+    span = (batch - 1) * stride + (rows - 1) * ld + cols if batch and rows and cols else 0
+    raw = (ctypes.c_char * (span * dt.itemsize)).from_address(address)
+    flat = np.frombuffer(raw, dtype=dt)
+    return np.lib.stride_tricks.as_strided(
+        flat, (batch, rows, cols), (stride * dt.itemsize, ld * dt.itemsize, dt.itemsize))
+
+
 def _build(cuda_source: str):
     """The emulator's module of ``cuda_source`` (it caches them, in memory and on disk)."""
     try:
@@ -283,6 +294,23 @@ class EmulatedGPU(seam.GPU):
 
     def address(self, array):
         return array.__array_interface__["data"][0]
+
+    def gemm_strided(self, spec, a, b, c, stream=None):
+        """NumPy's matmul on the matrices at those host addresses (device memory is host
+        memory here): the same row-major meaning the CuPy seam gives cuBLAS's call."""
+        dt = np.dtype(spec.dtype)
+        rows_a, rows_b = (spec.k, spec.m) if spec.trans_a else (spec.m, spec.k), \
+            (spec.n, spec.k) if spec.trans_b else (spec.k, spec.n)
+        A = _strided(int(a), dt, spec.batch, spec.stride_a, rows_a[0], spec.lda, rows_a[1])
+        B = _strided(int(b), dt, spec.batch, spec.stride_b, rows_b[0], spec.ldb, rows_b[1])
+        C = _strided(int(c), dt, spec.batch, spec.m * spec.n, spec.m, spec.n, spec.n)
+
+        def run():
+            opa = A.transpose(0, 2, 1) if spec.trans_a else A
+            opb = B.transpose(0, 2, 1) if spec.trans_b else B
+            np.matmul(opa, opb, out=C)
+
+        (stream or self.compute_stream).submit("gemm", run)
 
     # copies: one memcpy each, queued on the stream
     def _copy(self, what, dst, src, stream):

@@ -33,12 +33,31 @@ import contextlib
 import functools
 import threading
 import time
+import typing
 
 import numpy as np
 
 from .. import config
 from ..device import DeviceError
 from ..engine import WaitTimeout
+
+
+class GemmSpec(typing.NamedTuple):
+    """A batched row-major GEMM over raw device addresses (what a compiled matmul asks of the
+    GPU's BLAS): dtype 'float32' or 'float64'; op(A) is m x k, op(B) k x n; ``lda``/``ldb``
+    are the stored rows' lengths; ``batch`` products, A's and B's ``stride_a``/``stride_b``
+    elements apart (0: the same matrix for all), C's m * n apart."""
+    dtype: str
+    trans_a: bool
+    trans_b: bool
+    m: int
+    n: int
+    k: int
+    lda: int
+    ldb: int
+    batch: int
+    stride_a: int
+    stride_b: int
 
 
 class GPUError(RuntimeError):
@@ -269,6 +288,13 @@ class GPU(abc.ABC):
     @abc.abstractmethod
     def gemm(self, a, b, out, trans_a: bool = False, trans_b: bool = False,
              alpha: float = 1.0, beta: float = 0.0, stream: Stream | None = None): ...
+
+    @abc.abstractmethod
+    def gemm_strided(self, spec: "GemmSpec", a: int, b: int, c: int,
+                     stream: Stream | None = None):
+        """Queue ``spec``'s batched row-major GEMM on device addresses ``a``, ``b``, ``c``
+        (C[z] = op(A[z]) @ op(B[z]); C dense, z's matrices ``spec.stride_a``/``stride_b``
+        elements apart, 0 to broadcast one)."""
 
     @staticmethod
     def check_gemm(a, b, out, trans_a, trans_b):

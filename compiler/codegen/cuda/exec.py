@@ -22,6 +22,7 @@ import numpy as np
 
 from runtime import config
 from runtime.executable import Executable
+from runtime.gpu.seam import GemmSpec
 
 from ..lower import gather_outputs, lower
 from .emit import emit_cuda
@@ -68,6 +69,7 @@ class CudaRun:
                            for s, slot in enumerate(program.slots) if slot.in_arena}
         # one call at a time queues its work: the arena and the graph's static io are shared
         self.lock = threading.Lock()
+        self.blas = bool(config.get("HYBRID_CUDA_BLAS"))
         self.graph = StaticGraph(self)
 
     def _prepare(self, xp, a, want):
@@ -97,6 +99,18 @@ class CudaRun:
             else:
                 self.graph.plain(io)
         return gather_outputs(self.outputs, outs, inputs, params, self.out_consts)
+
+    def launch(self, launch, bufs, stream=None):
+        """Queue ``launch`` on ``bufs`` (io position -> array): its kernel, or the GPU's BLAS
+        where the launch describes a GEMM and HYBRID_CUDA_BLAS is on."""
+        args = self.args(launch, bufs)
+        if launch.blas and self.blas:
+            address = self.gpu.address
+            a, b, c = (x if isinstance(x, int) else address(x) for x in args[:3])
+            self.gpu.gemm_strided(GemmSpec(*launch.blas), a, b, c, stream)
+            return
+        self.module.launch(launch.kernel, launch.grid, launch.block, launch.shared_bytes,
+                           args, stream)
 
     def args(self, launch, io):
         """The launch's arguments, its io slots taken from ``io`` (by io position)."""

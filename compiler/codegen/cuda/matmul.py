@@ -13,6 +13,11 @@ Accumulation: float32 and float16 in float, float64 in double, integers in the u
 of the output's width (NumPy's wrapping products and sums, without C's signed overflow).
 Batch dimensions broadcast (NumPy's matmul); after merging, at most two batch groups are
 handled (z = z0 * batch1 + z1).
+
+Where the operands and the output share float32 or float64 and one batch stride remains, the
+launch also carries the GEMM's description (``Launch.blas``): the executable runs it through
+the GPU's BLAS (cuBLAS; HYBRID_CUDA_BLAS) and the kernel is the fallback. The kernel stays in
+the source, so the source (and its cache key) does not depend on the machine.
 """
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ from .writer import INT_LIMIT, ModuleWriter, ceil_div
 
 TILE, TILE_K, THREADS = 64, 16, 256
 GRID_YZ_LIMIT = 65535
+BLAS_DTYPES = ("float32", "float64")
 ACC = {"float16": "float", "float32": "float", "float64": "double", "int8": "unsigned",
        "uint8": "unsigned", "int32": "unsigned", "int64": "unsigned long long"}
 
@@ -164,7 +170,11 @@ def _matmul(mw: ModuleWriter, step):
             scalar("long long", b1)]
     grid = (min(ceil_div(n, TILE), GRID_YZ_LIMIT), min(ceil_div(m, TILE), GRID_YZ_LIMIT),
             min(z, GRID_YZ_LIMIT))
-    mw.launch(kernel, grid, THREADS, args)
+    # the BLAS takes one float dtype throughout and one batch stride (after merging)
+    blas = ()
+    if A.dtype == B.dtype == C.dtype and C.dtype in BLAS_DTYPES and z == z1:
+        blas = (C.dtype, ta, tb, m, n, k, lda, ldb, z, a1, b1)
+    mw.launch(kernel, grid, THREADS, args, blas=blas)
 
 
 EMITTERS = {"matmul": _matmul}

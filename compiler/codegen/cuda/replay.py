@@ -133,8 +133,7 @@ class StaticGraph:
         """One launch per kernel, on the caller's pointers."""
         run = self.run
         for launch in run.source.launches:
-            run.module.launch(launch.kernel, launch.grid, launch.block, launch.shared_bytes,
-                              run.args(launch, io))
+            run.launch(launch, io)
         self.stats["plain_calls"] += 1
 
     def _static_buffers(self):
@@ -172,8 +171,7 @@ class StaticGraph:
             return None
         try:
             for launch in run.source.launches:
-                run.module.launch(launch.kernel, launch.grid, launch.block,
-                                  launch.shared_bytes, run.args(launch, bufs), stream)
+                run.launch(launch, bufs, stream)
         except Exception as exc:  # noqa: BLE001 - a launch it refused: plain launches
             self._give_up(exc)
             try:

@@ -52,11 +52,17 @@ class Launch:
     shared_bytes: int
     args: tuple  # of KernelArg
     step: int  # the Program step it carries out (part of)
+    # A GEMM the GPU's BLAS may run instead (runtime.gpu.seam.GemmSpec's fields; args 0-2
+    # are A, B, C), or () for a kernel only
+    blas: tuple = ()
 
     def to_dict(self):
-        return {"kernel": self.kernel, "grid": list(self.grid), "block": list(self.block),
-                "shared_bytes": self.shared_bytes, "args": [a.to_dict() for a in self.args],
-                "step": self.step}
+        d = {"kernel": self.kernel, "grid": list(self.grid), "block": list(self.block),
+             "shared_bytes": self.shared_bytes, "args": [a.to_dict() for a in self.args],
+             "step": self.step}
+        if self.blas:
+            d["blas"] = list(self.blas)
+        return d
 
 
 @dataclasses.dataclass(frozen=True)

@@ -98,12 +98,12 @@ class ModuleWriter:
         self.workspace_bytes = off + int(nbytes)
         return off
 
-    def launch(self, kernel: str, grid, block, args, shared_bytes: int = 0):
+    def launch(self, kernel: str, grid, block, args, shared_bytes: int = 0, blas=()):
         grid = tuple(int(g) for g in (grid if isinstance(grid, tuple) else (grid,)))
         block = tuple(int(b) for b in (block if isinstance(block, tuple) else (block,)))
         self.launches.append(Launch(kernel, grid + (1,) * (3 - len(grid)),
                                     block + (1,) * (3 - len(block)), int(shared_bytes),
-                                    tuple(args), self.step))
+                                    tuple(args), self.step, tuple(blas)))
 
     def kernel_name(self, label: str) -> str:
         base = f"hyb_k{self.step}_{sanitize(label)}".rstrip("_")
