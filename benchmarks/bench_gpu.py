@@ -111,7 +111,7 @@ def hybrid_forward(dev, batch, n, reps, cuda=False):
     return per_call(lambda: net(x), n, hb.waitall, reps) * 1e6
 
 
-def hybrid_train(dev, model, batch, n, reps, cuda=False):
+def hybrid_train(dev, model, batch, n, reps, cuda=False, loss_too=False):
     if model == "mlp":
         net, shape = models.mlp(256, 10), (batch, 784)
     else:
@@ -122,6 +122,8 @@ def hybrid_train(dev, model, batch, n, reps, cuda=False):
     x = hb.random.normal(size=shape, device=dev)
     y = hb.random.randint(0, 10, size=(batch,), device=dev)
     loss_fn = hb.loss.SoftmaxCrossEntropyLoss()
+    if loss_too:  # Gluon's losses are HybridBlocks: two executables instead of ~35 eager ops
+        loss_fn.hybridize(backend="cuda")
     tr = hb.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.05})
 
     def step():
@@ -379,6 +381,9 @@ def run(smoke: bool, budgets: dict) -> dict:
               lambda: hybrid_train(dev, model, train_batch, steps, reps))
         c.run(w, "hybrid cuda", "ms/step",
               cuda_variant(lambda: hybrid_train(dev, model, train_batch, steps, reps, True)))
+        c.run(w, "hybrid cuda +loss", "ms/step",
+              cuda_variant(lambda: hybrid_train(dev, model, train_batch, steps, reps, True,
+                                                loss_too=True)))
         c.run(w, "torch eager", "ms/step", peer(lambda: torch_train(model, train_batch, steps,
                                                                       reps)))
         c.run(w, "jax jit", "ms/step", peer(lambda: jax_train(model, train_batch, steps, reps)))
@@ -420,6 +425,7 @@ def targets(figures: dict, emulated: bool, train_batch: int, chain_size: int) ->
         why = "not judged: emulated GPU (CPU timings)"
         return {"mlp_b1_hybridized_le_torch_compile": None,
                 "train_steps_faster_than_torch_eager": None,
+                "train_steps_loss_hybridized_faster_than_torch_eager": None,
                 "chain_ge_80pct_copy_bandwidth": None, "why": why}
     out, why = {}, {}
     h, t = _value(figures, "A. MLP b1 | hybrid cuda"), _value(figures,
@@ -435,6 +441,15 @@ def targets(figures: dict, emulated: bool, train_batch: int, chain_size: int) ->
     out["train_steps_faster_than_torch_eager"] = None if None in faster else all(faster)
     if None in faster:
         why["train_steps_faster_than_torch_eager"] = "a hybridized or torch figure is missing"
+    # the same with the loss hybridized too (reported beside, not instead: the issue's
+    # target is judged on the net hybridized and the loss eager, as torch eager runs it)
+    faster = []
+    for model in ("MLP 784-256-10", "LeNet"):
+        w = f"C. {model} train b{train_batch}"
+        h, t = _value(figures, f"{w} | hybrid cuda +loss"), _value(figures, f"{w} | torch eager")
+        faster.append(None if h is None or t is None else h < t)
+    out["train_steps_loss_hybridized_faster_than_torch_eager"] = \
+        None if None in faster else all(faster)
     copy_gbs = _value(figures, "F. device copy | seam d2d copy")
     w = f"D. chain {chain_size // (1 << 20)}M"
     ms = _value(figures, f"{w} | hybrid cuda")

@@ -18,7 +18,8 @@ import os
 import sys
 import xml.etree.ElementTree as ET
 
-VARIANTS = ("hybrid eager", "hybrid cuda", "torch eager", "torch.compile ro", "jax jit")
+VARIANTS = ("hybrid eager", "hybrid cuda", "hybrid cuda +loss", "torch eager", "torch.compile ro",
+            "jax jit")
 
 
 def junit_counts(path: str) -> dict:

@@ -22,11 +22,34 @@ pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 @pytest.fixture
 def graphs_flag(monkeypatch):
     """Restores HYBRID_CUDA_GRAPHS after a test that sets it; graphs are replayed whatever
-    their io costs (these nets are tiny: the cost rule alone would launch them plainly)."""
+    their io costs (these nets are tiny: the cost rule alone would launch them plainly), and
+    plain launches run the same GEMM kernels as a graph (no BLAS), so both agree bitwise."""
     monkeypatch.setattr(replay, "graph_pays", lambda launches, copies, nbytes: True)
-    old = config.get("HYBRID_CUDA_GRAPHS")
+    old = config.get("HYBRID_CUDA_GRAPHS"), config.get("HYBRID_CUDA_BLAS")
+    config.set_flag("HYBRID_CUDA_BLAS", 0)
     yield
-    config.set_flag("HYBRID_CUDA_GRAPHS", old)
+    config.set_flag("HYBRID_CUDA_GRAPHS", old[0])
+    config.set_flag("HYBRID_CUDA_BLAS", old[1])
+
+
+def test_a_graph_runs_the_gemm_kernels_and_plain_calls_the_blas(emulated_gpu, graphs_flag,
+                                                                 monkeypatch):
+    """CuPy refuses cuBLAS under stream capture (seen on an H100): the capture launches the
+    generated GEMM, plain calls the BLAS; the results agree to rounding."""
+    from runtime.gpu import emulated
+    asked = []
+    real = emulated.EmulatedGPU.gemm_strided
+    monkeypatch.setattr(emulated.EmulatedGPU, "gemm_strided",
+                        lambda self, *a, **k: (asked.append(1), real(self, *a, **k))[1])
+    config.set_flag("HYBRID_CUDA_BLAS", 1)
+    config.set_flag("HYBRID_CUDA_GRAPHS", 1)
+    on = _calls(_net(emulated_gpu), emulated_gpu)
+    assert asked == []  # every call replayed a graph
+    config.set_flag("HYBRID_CUDA_GRAPHS", 0)
+    off = _calls(_net(emulated_gpu), emulated_gpu)
+    assert len(asked) == 4 * 3  # four calls, three Dense products each
+    for a, b in zip(on, off):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_graph_pays_only_where_launches_outweigh_its_copies():

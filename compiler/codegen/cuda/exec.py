@@ -100,11 +100,13 @@ class CudaRun:
                 self.graph.plain(io)
         return gather_outputs(self.outputs, outs, inputs, params, self.out_consts)
 
-    def launch(self, launch, bufs, stream=None):
+    def launch(self, launch, bufs, stream=None, blas=True):
         """Queue ``launch`` on ``bufs`` (io position -> array): its kernel, or the GPU's BLAS
-        where the launch describes a GEMM and HYBRID_CUDA_BLAS is on."""
+        where the launch describes a GEMM, HYBRID_CUDA_BLAS is on and ``blas`` (a graph
+        capture passes False: CuPy refuses cuBLAS calls under stream capture, so a replayed
+        graph runs the generated GEMM)."""
         args = self.args(launch, bufs)
-        if launch.blas and self.blas:
+        if launch.blas and self.blas and blas:
             address = self.gpu.address
             a, b, c = (x if isinstance(x, int) else address(x) for x in args[:3])
             self.gpu.gemm_strided(GemmSpec(*launch.blas), a, b, c, stream)

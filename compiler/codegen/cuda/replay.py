@@ -23,6 +23,10 @@ stream order keeps a call's pieces and the next call's in sequence. The static b
 shared by all callers, so the caller holds the executable's lock while it queues them: a
 second thread's copies in are queued after the first's copies out.
 
+A replayed graph runs the generated GEMM kernels where plain launches call cuBLAS (CuPy
+refuses cuBLAS calls under stream capture; measured on an H100): a graph is replayed only
+where launches dominate (graph_pays), i.e. small products, where the kernel is no slower.
+
 Capture runs on a stream of the executable's own, never on the compute stream: under
 capture a stream records instead of running, and an eager op another thread queued on the
 compute stream meanwhile would be swallowed into the graph. If capture fails (a driver or
@@ -171,7 +175,7 @@ class StaticGraph:
             return None
         try:
             for launch in run.source.launches:
-                run.launch(launch, bufs, stream)
+                run.launch(launch, bufs, stream, blas=False)
         except Exception as exc:  # noqa: BLE001 - a launch it refused: plain launches
             self._give_up(exc)
             try:
