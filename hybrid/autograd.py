@@ -18,6 +18,23 @@ from . import _state
 from .ndarray import F, NDArray, _from_numpy, ones_like
 
 
+class _TransposedValue(NDArray):
+    """A recorded matmul's operand that a recorded 2-D transpose computed (Dense's ``W.T``):
+    stored transposed, so matmul's gradient for it is computed in that layout
+    (compiler/ops/linalg.py). Told by the recording, never by the data, which may not be
+    computed yet: the same program gives the same bits however the engine ran it."""
+    __slots__ = ()
+    _stored_transposed = True
+
+
+def _value_of(name, a):
+    """The snapshot of input ``a`` a node keeps."""
+    if name == "matmul" and a._node is not None and a._node[0].name == "transpose" and \
+            len(a.shape) == 2:
+        return _TransposedValue(a._buf, a.shape, a._dtype, a.device)
+    return NDArray(a._buf, a.shape, a._dtype, a.device)
+
+
 class _Node:
     """One recorded op: its inputs (value snapshots and where their gradients go)."""
 
@@ -31,7 +48,7 @@ class _Node:
         self.leaves = []
         for a in inputs:
             if isinstance(a, NDArray):
-                self.values.append(NDArray(a._buf, a.shape, a._dtype, a.device))
+                self.values.append(_value_of(name, a))
                 live = a._node is not None and not a._node[0].freed
                 self.parents.append(a._node if live else None)
                 self.leaves.append(a if a._grad_req != "null" and a._node is None else None)

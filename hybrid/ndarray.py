@@ -97,17 +97,6 @@ class NDArray:
         return self.transpose()
 
     @property
-    def _stored_transposed(self) -> bool:
-        """Whether this is a computed 2-D array stored as the transpose of a C-contiguous one
-        (an eager transpose's view): matmul's gradient for it is computed in that layout
-        (compiler/ops/linalg.py). False when not known yet."""
-        d = self._buf.data
-        if d is None or getattr(d, "ndim", 0) != 2:
-            return False
-        flags = d.flags
-        return bool(flags.f_contiguous) and not flags.c_contiguous
-
-    @property
     def ctx(self):  # MXNet's name
         return self.device
 

@@ -474,20 +474,25 @@ def test_a_value_of_a_freed_graph_is_a_constant_in_a_new_recording():
 def test_matmul_gradient_of_a_transposed_operand_takes_its_layout():
     """Dense computes x @ W.T; W.T is an eager transpose's view, stored transposed. Its
     gradient is computed as (g^T x)^T, so the transpose's gradient hands W a C-contiguous
-    array (the fused update copied a transposed one every step before); values as NumPy's."""
+    array (the fused update copied a transposed one every step before); values as NumPy's,
+    and the same bits whether or not W.T was computed when the backward ran (the recording,
+    not the data, tells)."""
     rng = np.random.default_rng(0)
     xs, ws = rng.standard_normal((5, 7)), rng.standard_normal((3, 7))
-    x, w = hb.array(xs), hb.array(ws)
-    w.attach_grad()
-    x.attach_grad()
-    wt = w.T
-    hb.waitall()  # computed: its layout is known when the backward runs
-    assert wt._stored_transposed and not w._stored_transposed
-    with autograd.record():
-        y = hb.matmul(x, w.T)
-        loss = (y * y).sum()
-    loss.backward()
-    g = 2 * (xs @ ws.T)
-    np.testing.assert_allclose(w.grad.asnumpy(), g.T @ xs, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(x.grad.asnumpy(), g @ ws, rtol=1e-5, atol=1e-5)
-    assert w.grad._raw().flags.c_contiguous
+    grads = []
+    for sync in (True, False):
+        x, w = hb.array(xs), hb.array(ws)
+        w.attach_grad()
+        x.attach_grad()
+        with autograd.record():
+            wt = w.T
+            if sync:
+                wt.wait_to_read()
+            loss = (hb.matmul(x, wt) ** 2).sum()
+        loss.backward()
+        g = 2 * (xs @ ws.T)
+        np.testing.assert_allclose(w.grad.asnumpy(), g.T @ xs, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(x.grad.asnumpy(), g @ ws, rtol=1e-5, atol=1e-5)
+        assert w.grad._raw().flags.c_contiguous
+        grads.append((w.grad.asnumpy().tobytes(), x.grad.asnumpy().tobytes()))
+    assert grads[0] == grads[1]

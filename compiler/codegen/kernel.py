@@ -82,6 +82,12 @@ def contiguous_strides(shape) -> tuple:
     return tuple(reversed(strides))
 
 
+def dense_strides(shape, strides) -> bool:
+    """Whether element ``strides`` lay ``shape`` out row-major without gaps (an extent-1
+    dimension's stride never matters: a (1, 1) slice of a (4, 5) array is dense)."""
+    return all(s == c for n, s, c in zip(shape, strides, contiguous_strides(shape)) if n != 1)
+
+
 def make_attrs(attrs) -> tuple:
     """A dict (or item tuple) of attributes as a sorted tuple of items with hashable values."""
     items = attrs.items() if isinstance(attrs, dict) else attrs

@@ -16,7 +16,7 @@ from ..graph import Graph, NodeRef
 from ..ops import REGISTRY
 from ..ops.movement import normalize_slice
 from .kernel import (EXTERN_OPS, Access, Const, Index, KernelIRError, Load, Output, Program,
-                     ProgramBuilder, call, contiguous_strides)
+                     ProgramBuilder, call, contiguous_strides, dense_strides)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,7 +28,7 @@ class Layout:
 
     @property
     def contiguous(self) -> bool:
-        return self.offset == 0 and tuple(self.strides) == contiguous_strides(self.shape)
+        return self.offset == 0 and dense_strides(self.shape, self.strides)
 
 
 @dataclasses.dataclass
@@ -155,7 +155,10 @@ class _Lowering:
             return Layout(lay.slot, shape, tuple(st * si for st, si in zip(lay.strides, s)),
                           off)
         if op == "reshape":
-            if lay.strides == contiguous_strides(lay.shape):
+            # a dense layout reshapes in place, at its offset (the fused SGD update's
+            # learning rate, a (1, 1) slice of the hyperparameter table, was a copy kernel
+            # per parameter on the GPU)
+            if dense_strides(lay.shape, lay.strides):
                 return Layout(lay.slot, shape, contiguous_strides(shape), lay.offset)
             copy = self._copy_to_temp(lay, g.spec(src).dtype)
             return Layout(copy.slot, shape, contiguous_strides(shape), 0)

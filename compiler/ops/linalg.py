@@ -20,8 +20,9 @@ def _matmul_infer(a, b):
 
 
 def _stored_transposed(x) -> bool:
-    """Whether operand ``x`` is an eager 2-D array stored as the transpose of a C-contiguous
-    one (Dense's ``x @ W.T``: the view of an eager transpose); traced values never are."""
+    """Whether operand ``x`` is an eager 2-D array that a recorded transpose made (Dense's
+    ``x @ W.T``: a view stored transposed; hybrid/autograd.py marks it); traced values and
+    unrecorded arrays never are."""
     return getattr(x, "_stored_transposed", False) is True
 
 
