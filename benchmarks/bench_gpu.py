@@ -9,6 +9,11 @@ Workloads (/work/shared/PERF.md's, on the GPU):
   1000 calls then one sync, us/call;
 - C. training steps at batch 256 (forward, backward, SGD): the MLP 784-256-10 with softmax
   cross-entropy, and the book's LeNet; ms/step;
+- B. the book's 12.2: (i) 10 x (a 1000x1000 normal draw and its matmul), one sync, ms;
+  (ii) 2000 x ``y = x + 1`` on a (1, 2) array, a sync after each op or one at the end, us/op;
+- R. the book's ResNet-18 (section 12.6: 3x3 stem, no max-pool) training step at batch 128
+  on 1x28x28, the net and the loss hybridized, beside PyTorch eager (last: its compile is
+  the longest);
 - D. the elementwise chain ``tanh(x * a + b) * sigmoid(x) + 1`` on 64M float32, ms, and its
   bandwidth (8 bytes an element: one read, one write) against the device's own copy bandwidth
   measured in this run (a device-to-device copy through the seam, read + write counted).
@@ -135,6 +140,44 @@ def hybrid_train(dev, model, batch, n, reps, cuda=False, loss_too=False):
     return per_call(step, n, hb.waitall, reps) * 1e3
 
 
+def hybrid_resnet_train(dev, batch, side, width, n, reps):
+    """The book's ResNet-18 (section 12.6) training step, the net and the loss hybridized."""
+    net = models.resnet18(10, width)
+    net.initialize(hb.init.Xavier(), device=dev)
+    net.hybridize(backend="cuda")
+    x = hb.random.normal(size=(batch, 1, side, side), device=dev)
+    y = hb.random.randint(0, 10, size=(batch,), device=dev)
+    loss_fn = hb.loss.SoftmaxCrossEntropyLoss()
+    loss_fn.hybridize(backend="cuda")
+    tr = hb.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.05})
+
+    def step():
+        with autograd.record():
+            loss = loss_fn(net(x), y)
+        loss.backward()
+        tr.step(batch)
+
+    return per_call(step, n, hb.waitall, reps) * 1e3
+
+
+def hybrid_122_draws(dev, size, reps):
+    """Section 12.2 (i): 10 x (a size x size normal draw and its matmul), one sync; ms."""
+    def ten():
+        for _ in range(10):
+            a = hb.random.normal(size=(size, size), device=dev)
+            hb.np.dot(a, a)
+    return per_call(ten, 1, hb.waitall, reps) * 1e3
+
+
+def hybrid_122_add(dev, n, reps, sync_each):
+    """Section 12.2 (ii): ``y = x + 1`` on a (1, 2) array, a sync after each op or one at
+    the end; us/op."""
+    x = hb.ones((1, 2), device=dev)
+    if sync_each:
+        return per_call(lambda: (x + 1).wait_to_read(), n, hb.waitall, reps) * 1e6
+    return per_call(lambda: x + 1, n, hb.waitall, reps) * 1e6
+
+
 def chain_fn(x):
     return hb.tanh(x * 0.5 + 0.25) * hb.sigmoid(x) + 1
 
@@ -206,6 +249,68 @@ def torch_forward(batch, n, reps, compiled):
         for _ in range(3):  # compile, record the CUDA graph, warm
             net(x)
         return per_call(lambda: net(x), n, torch.cuda.synchronize, reps) * 1e6
+
+
+def torch_resnet18(torch, width):
+    """Section 12.6's ResNet-18 as hybrid.nn.models.resnet18 builds it."""
+    nn = torch.nn
+
+    class Residual(nn.Module):
+        def __init__(self, cin, cout, stride):
+            super().__init__()
+            self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1)
+            self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1)
+            self.conv3 = nn.Conv2d(cin, cout, 1, stride) if stride != 1 or cin != cout else None
+            self.bn1, self.bn2 = nn.BatchNorm2d(cout), nn.BatchNorm2d(cout)
+
+        def forward(self, x):
+            y = torch.relu(self.bn1(self.conv1(x)))
+            y = self.bn2(self.conv2(y))
+            return torch.relu(y + (self.conv3(x) if self.conv3 is not None else x))
+
+    layers = [nn.Conv2d(1, width, 3, 1, 1), nn.BatchNorm2d(width), nn.ReLU()]
+    cin = width
+    for i, mult in enumerate((1, 2, 4, 8)):
+        cout = width * mult
+        layers += [Residual(cin, cout, 1 if i == 0 else 2), Residual(cout, cout, 1)]
+        cin = cout
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, 10)]
+    return nn.Sequential(*layers).cuda()
+
+
+def torch_resnet_train(batch, side, width, n, reps):
+    torch = torch_cuda()
+    net = torch_resnet18(torch, width)
+    x = torch.randn(batch, 1, side, side, device="cuda")
+    y = torch.randint(0, 10, (batch,), device="cuda")
+    opt = torch.optim.SGD(net.parameters(), lr=0.05)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss_fn(net(x), y).backward()
+        opt.step()
+
+    return per_call(step, n, torch.cuda.synchronize, reps) * 1e3
+
+
+def torch_122_draws(size, reps):
+    torch = torch_cuda()
+
+    def ten():
+        for _ in range(10):
+            a = torch.randn(size, size, device="cuda")
+            torch.mm(a, a)
+    return per_call(ten, 1, torch.cuda.synchronize, reps) * 1e3
+
+
+def torch_122_add(n, reps, sync_each):
+    torch = torch_cuda()
+    x = torch.ones(1, 2, device="cuda")
+    if sync_each:
+        return per_call(lambda: (x + 1, torch.cuda.synchronize()), n, torch.cuda.synchronize,
+                        reps) * 1e6
+    return per_call(lambda: x + 1, n, torch.cuda.synchronize, reps) * 1e6
 
 
 def torch_train(model, batch, n, reps):
@@ -335,7 +440,7 @@ def device_info() -> dict:
     return info
 
 
-def run(smoke: bool, budgets: dict) -> dict:
+def run(smoke: bool, budgets: dict, save=None) -> dict:
     dev = hb.gpu(0)
     emulated = seam.implementation() == "emulated"
     real = not emulated
@@ -374,6 +479,7 @@ def run(smoke: bool, budgets: dict) -> dict:
         a.run(w, "jax jit", "us/call", peer(lambda: jax_forward(batch, calls, reps)))
     parts.append(a)
 
+    _save(save, parts, emulated, cuda_why)
     c = Part("C. training steps", budgets["train"])
     for model in ("mlp", "lenet"):
         w = f"C. {'MLP 784-256-10' if model == 'mlp' else 'LeNet'} train b{train_batch}"
@@ -388,6 +494,20 @@ def run(smoke: bool, budgets: dict) -> dict:
                                                                       reps)))
         c.run(w, "jax jit", "ms/step", peer(lambda: jax_train(model, train_batch, steps, reps)))
     parts.append(c)
+    _save(save, parts, emulated, cuda_why)
+
+    b = Part("B. book 12.2", budgets["book"])
+    draw = 64 if smoke else 1000
+    w = f"B(i). 10 x ({draw}x{draw} normal + matmul)"
+    b.run(w, "hybrid eager", "ms", lambda: hybrid_122_draws(dev, draw, reps))
+    b.run(w, "torch eager", "ms", peer(lambda: torch_122_draws(draw, reps)))
+    adds = 20 if smoke else 2000
+    for sync_each in (True, False):
+        w = f"B(ii). y = x + 1, {'sync each' if sync_each else 'one sync'}"
+        b.run(w, "hybrid eager", "us/op", lambda: hybrid_122_add(dev, adds, reps, sync_each))
+        b.run(w, "torch eager", "us/op", peer(lambda: torch_122_add(adds, reps, sync_each)))
+    parts.append(b)
+    _save(save, parts, emulated, cuda_why)
 
     d = Part("D. elementwise chain", budgets["chain"])
     w = f"D. chain {chain_size // (1 << 20)}M" if chain_size >= 1 << 20 else \
@@ -403,6 +523,17 @@ def run(smoke: bool, budgets: dict) -> dict:
           peer(lambda: torch_chain(chain_size, chain_calls, reps, True)))
     d.run(w, "jax jit", "ms", peer(lambda: jax_chain(chain_size, chain_calls, reps)))
     parts.append(d)
+    _save(save, parts, emulated, cuda_why)
+
+    # last: its first call compiles the most (a slow compile must not cost the rest)
+    r = Part("R. ResNet-18", budgets["resnet"])
+    rb, side, width = (4, 8, 4) if smoke else (128, 28, 64)
+    w = f"R. ResNet-18 (12.6) train b{rb} {side}x{side}"
+    r.run(w, "hybrid cuda +loss", "ms/step",
+          cuda_variant(lambda: hybrid_resnet_train(dev, rb, side, width, 2 if smoke else 5, 1)))
+    r.run(w, "torch eager", "ms/step",
+          peer(lambda: torch_resnet_train(rb, side, width, 5, 1)))
+    parts.append(r)
 
     figures = {}
     for p in parts:
@@ -412,6 +543,19 @@ def run(smoke: bool, budgets: dict) -> dict:
                       "chain_elements": chain_size, "reps": reps},
             "figures": figures,
             "targets_met": targets(figures, emulated, train_batch, chain_size)}
+
+
+def _save(path, parts, emulated, cuda_why):
+    """The figures so far, written to ``path`` after each part: a run its caller's timeout
+    stops (a long first compile) still leaves what it measured."""
+    if not path:
+        return
+    figures = {}
+    for p in parts:
+        figures.update(p.rows)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump({"partial": True, "emulated": emulated, "cuda_backend": cuda_why or "compiles",
+                   "figures": figures}, f, indent=1)
 
 
 def _value(figures, key):
@@ -470,7 +614,7 @@ def main(argv=None) -> int:
     ap.add_argument("--smoke", action="store_true", help="tiny sizes (seconds)")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--budget", type=float, default=240.0,
-                    help="seconds for all parts together (split 3:4:2 among A, C, D)")
+                    help="seconds for all parts together (split 3:4:1:2:2 among A, C, B, D, R)")
     args = ap.parse_args(argv)
     if args.smoke:
         config.set_flag("HYBRID_SMOKE", True)
@@ -479,11 +623,12 @@ def main(argv=None) -> int:
               "measure")
         return 0
     b = args.budget
-    budgets = {"mlp": b * 3 / 9, "train": b * 4 / 9, "chain": b * 2 / 9}
+    budgets = {"mlp": b * 3 / 12, "train": b * 4 / 12, "book": b * 1 / 12,
+               "chain": b * 2 / 12, "resnet": b * 2 / 12}
     t0 = time.monotonic()
     result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "device": device_info()}
-    result.update(run(args.smoke, budgets))
+    result.update(run(args.smoke, budgets, args.json))
     result["seconds"] = round(time.monotonic() - t0, 1)
     if result["emulated"]:
         print("EMULATED GPU: these figures time the CPU through the emulated seam; they are "

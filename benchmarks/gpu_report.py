@@ -48,7 +48,8 @@ def table(figures: dict) -> str:
         w = key.split(" | ")[0]
         if w not in workloads:
             workloads.append(w)
-    head = f"{'workload':28s}" + "".join(f"{v:>18s}" for v in VARIANTS) + "  unit"
+    wide = max([28] + [len(w) for w in workloads])
+    head = f"{'workload':{wide}s}" + "".join(f"{v:>18s}" for v in VARIANTS) + "  unit"
     lines = [head, "-" * len(head)]
     for w in workloads:
         unit, cells = "", []
@@ -64,7 +65,7 @@ def table(figures: dict) -> str:
         extra = [f"{k.split(' | ')[1]} {r['value']} {r['unit']}" for k, r in figures.items()
                  if k.startswith(w + " | ") and k.split(" | ")[1] not in VARIANTS
                  and "value" in r]
-        lines.append(f"{w:28s}" + "".join(cells) + f"  {unit}" +
+        lines.append(f"{w:{wide}s}" + "".join(cells) + f"  {unit}" +
                      (f"   ({'; '.join(extra)})" if extra else ""))
     skipped = [f"  {k}: {r['skipped']}" for k, r in figures.items() if "skipped" in r]
     if skipped:
