@@ -116,11 +116,15 @@ def hybrid_forward(dev, batch, n, reps, cuda=False):
     return per_call(lambda: net(x), n, hb.waitall, reps) * 1e6
 
 
-def hybrid_train(dev, model, batch, n, reps, cuda=False, loss_too=False):
+def hybrid_train(dev, model, batch, n, reps, cuda=False, loss_too=False, side=28, width=64):
+    """ms per training step of the MLP, LeNet or the book's ResNet-18 (section 12.6; input
+    1 x side x side, ``width`` channels in its first stage)."""
     if model == "mlp":
         net, shape = models.mlp(256, 10), (batch, 784)
-    else:
+    elif model == "lenet":
         net, shape = models.lenet(), (batch, 1, 28, 28)
+    else:
+        net, shape = models.resnet18(10, width), (batch, 1, side, side)
     net.initialize(hb.init.Xavier(), device=dev)
     if cuda:
         net.hybridize(backend="cuda")
@@ -129,26 +133,6 @@ def hybrid_train(dev, model, batch, n, reps, cuda=False, loss_too=False):
     loss_fn = hb.loss.SoftmaxCrossEntropyLoss()
     if loss_too:  # Gluon's losses are HybridBlocks: two executables instead of ~35 eager ops
         loss_fn.hybridize(backend="cuda")
-    tr = hb.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.05})
-
-    def step():
-        with autograd.record():
-            loss = loss_fn(net(x), y)
-        loss.backward()
-        tr.step(batch)
-
-    return per_call(step, n, hb.waitall, reps) * 1e3
-
-
-def hybrid_resnet_train(dev, batch, side, width, n, reps):
-    """The book's ResNet-18 (section 12.6) training step, the net and the loss hybridized."""
-    net = models.resnet18(10, width)
-    net.initialize(hb.init.Xavier(), device=dev)
-    net.hybridize(backend="cuda")
-    x = hb.random.normal(size=(batch, 1, side, side), device=dev)
-    y = hb.random.randint(0, 10, size=(batch,), device=dev)
-    loss_fn = hb.loss.SoftmaxCrossEntropyLoss()
-    loss_fn.hybridize(backend="cuda")
     tr = hb.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.05})
 
     def step():
@@ -278,22 +262,6 @@ def torch_resnet18(torch, width):
     return nn.Sequential(*layers).cuda()
 
 
-def torch_resnet_train(batch, side, width, n, reps):
-    torch = torch_cuda()
-    net = torch_resnet18(torch, width)
-    x = torch.randn(batch, 1, side, side, device="cuda")
-    y = torch.randint(0, 10, (batch,), device="cuda")
-    opt = torch.optim.SGD(net.parameters(), lr=0.05)
-    loss_fn = torch.nn.CrossEntropyLoss()
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        loss_fn(net(x), y).backward()
-        opt.step()
-
-    return per_call(step, n, torch.cuda.synchronize, reps) * 1e3
-
-
 def torch_122_draws(size, reps):
     torch = torch_cuda()
 
@@ -313,12 +281,14 @@ def torch_122_add(n, reps, sync_each):
     return per_call(lambda: x + 1, n, torch.cuda.synchronize, reps) * 1e6
 
 
-def torch_train(model, batch, n, reps):
+def torch_train(model, batch, n, reps, side=28, width=64):
     torch = torch_cuda()
     if model == "mlp":
         net, x = torch_mlp(torch, (784, 256, 10)), torch.randn(batch, 784, device="cuda")
-    else:
+    elif model == "lenet":
         net, x = torch_lenet(torch), torch.randn(batch, 1, 28, 28, device="cuda")
+    else:
+        net, x = torch_resnet18(torch, width), torch.randn(batch, 1, side, side, device="cuda")
     y = torch.randint(0, 10, (batch,), device="cuda")
     opt = torch.optim.SGD(net.parameters(), lr=0.05)
     loss_fn = torch.nn.CrossEntropyLoss()
@@ -530,9 +500,10 @@ def run(smoke: bool, budgets: dict, save=None) -> dict:
     rb, side, width = (4, 8, 4) if smoke else (128, 28, 64)
     w = f"R. ResNet-18 (12.6) train b{rb} {side}x{side}"
     r.run(w, "hybrid cuda +loss", "ms/step",
-          cuda_variant(lambda: hybrid_resnet_train(dev, rb, side, width, 2 if smoke else 5, 1)))
+          cuda_variant(lambda: hybrid_train(dev, "resnet18", rb, 2 if smoke else 5, 1, cuda=True,
+                                            loss_too=True, side=side, width=width)))
     r.run(w, "torch eager", "ms/step",
-          peer(lambda: torch_resnet_train(rb, side, width, 5, 1)))
+          peer(lambda: torch_train("resnet18", rb, 5, 1, side=side, width=width)))
     parts.append(r)
 
     figures = {}
