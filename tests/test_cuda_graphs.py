@@ -188,3 +188,19 @@ def test_failed_capture_falls_back_to_plain_launches(emulated_gpu, graphs_flag, 
     stats = _stats(net)
     assert stats["plain_calls"] == 2 and stats["replays"] == 0
     assert "capture is not supported here" in stats["fallback"]
+
+
+def test_small_io_net_replays_in_place_under_the_cost_rule(emulated_gpu, graphs_flag,
+                                                           monkeypatch):
+    """The default rule on the batch-1 shape of the book's MLP: several launches and a few
+    bytes of io, so once the parameters stay put the graph reading them in place replays."""
+    monkeypatch.undo()  # the real rule
+    config.set_flag("HYBRID_CUDA_BLAS", 0)
+    config.set_flag("HYBRID_CUDA_GRAPHS", 1)
+    net = _net(emulated_gpu)
+    x = hb.array(np.ones((1, 6), np.float32), device=emulated_gpu)
+    outs = [net(x).asnumpy() for _ in range(4)]
+    stats = _stats(net)
+    assert stats["replays"] >= 2 and stats["params_in_place"] >= 2, stats
+    for o in outs[1:]:
+        np.testing.assert_array_equal(o, outs[0])
