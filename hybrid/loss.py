@@ -4,6 +4,13 @@ axis but ``batch_axis``), weighted by ``weight`` and an optional ``sample_weight
 The label is reshaped like the prediction (it must have as many elements), so an ``(n,)``
 label against an ``(n, 1)`` prediction is per-sample, never a silent ``(n, n)`` broadcast.
 Losses are HybridBlocks written with hybrid ops, so they hybridize.
+
+Called eagerly, a built-in loss runs as one compiled function per signature from its
+instance's second call (``Loss.__call__``), as eager kernels do for single ops: a softmax
+cross-entropy is ~15 eager ops forward and ~20 backward, each a dispatch (and on a GPU each a
+CuPy launch), where the compiled function is one call each way. The first call runs op by op
+(its errors name the user's line as any eager op's); a user's subclass, a hooked or
+hybridized loss, keyword arguments, or ``HYBRID_EAGER_KERNELS=0`` keep the op-by-op path.
 """
 from __future__ import annotations
 
@@ -11,8 +18,10 @@ import math
 
 from compiler.ops import composite as _c
 from compiler.ops import spec_of
+from runtime import config
 
-from .ndarray import F
+from . import _state
+from .ndarray import F, NDArray
 from .nn.block import HybridBlock
 
 __all__ = ["Loss", "L2Loss", "L1Loss", "SoftmaxCrossEntropyLoss", "SoftmaxCELoss",
@@ -44,6 +53,34 @@ class Loss(HybridBlock):
         self._weight = weight
         self._batch_axis = batch_axis
 
+    def __call__(self, *args, **kwargs):
+        if not kwargs and not self._active and _state.local.trace is None and \
+                not self._forward_pre_hooks and not self._forward_hooks:
+            fn = self._eager_compiled(args)
+            if fn is not None:
+                try:
+                    return fn(*args)
+                except _tracing().TraceError:  # a loss that does not trace: op by op
+                    object.__setattr__(self, "_eager_fn", (self._eager_fn[0], False, 0))
+        return super().__call__(*args, **kwargs)
+
+    def _eager_compiled(self, args):
+        """The compiled forward for an eager call (module docstring), or None: op by op."""
+        if type(self).__module__ != __name__ or not config.get("HYBRID_EAGER_KERNELS") or \
+                not all(isinstance(a, NDArray) for a in args):
+            return None
+        # the configuration the trace reads (axis, weight, ...): a change traces again
+        conf = tuple(sorted((k, v) for k, v in vars(self).items() if k != "_eager_fn" and
+                            isinstance(v, (bool, int, float, str, type(None)))))
+        state = self.__dict__.get("_eager_fn")
+        if state is None or state[0] != conf:
+            state = (conf, None, 0)
+        conf, fn, calls = state
+        if fn is None and calls >= 1:
+            fn = _tracing().hybridize(self.forward)
+        object.__setattr__(self, "_eager_fn", (conf, fn, calls + 1))
+        return fn or None
+
     def _weighting(self, loss, sample_weight=None):
         if sample_weight is not None:
             loss = F.mul(loss, sample_weight)
@@ -61,6 +98,11 @@ class Loss(HybridBlock):
 
     def __repr__(self):
         return f"{type(self).__name__}(batch_axis={self._batch_axis}, w={self._weight})"
+
+
+def _tracing():
+    from . import tracing  # noqa: PLC0415 - tracing imports the blocks
+    return tracing
 
 
 class L2Loss(Loss):

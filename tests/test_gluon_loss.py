@@ -137,3 +137,109 @@ def test_losses_are_hybrid_blocks_without_params():
                 loss.SigmoidBinaryCrossEntropyLoss):
         L = cls()
         assert isinstance(L, hb.nn.HybridBlock) and not L.collect_params()
+
+
+# ---------------------------------------------------------------- eager losses run compiled
+from runtime import config  # noqa: E402
+
+
+def _run(lossfn, pred, label, *extra, record=True):
+    p = hb.array(pred)
+    p.attach_grad()
+    with autograd.record():
+        out = lossfn(p, hb.array(label), *extra)
+    out.backward()
+    return out.asnumpy(), p.grad.asnumpy()
+
+
+def _compiled(lossfn):
+    state = lossfn.__dict__.get("_eager_fn")
+    return state is not None and bool(state[1])
+
+
+@pytest.mark.parametrize("make,label_of", [
+    (lambda: loss.SoftmaxCrossEntropyLoss(), lambda r, p: r.integers(0, p.shape[1], p.shape[0])),
+    (lambda: loss.SoftmaxCrossEntropyLoss(sparse_label=False, weight=0.5),
+     lambda r, p: np.abs(r.standard_normal(p.shape)).astype(np.float32)),
+    (lambda: loss.L2Loss(), lambda r, p: r.standard_normal(p.shape).astype(np.float32)),
+    (lambda: loss.SigmoidBinaryCrossEntropyLoss(),
+     lambda r, p: (r.random(p.shape) > 0.5).astype(np.float32)),
+    (lambda: loss.HuberLoss(rho=0.5), lambda r, p: r.standard_normal(p.shape).astype(np.float32)),
+])
+def test_builtin_loss_called_eagerly_runs_compiled_from_its_second_call(make, label_of):
+    """Values and gradients as op by op (HYBRID_EAGER_KERNELS=0), the first call op by op,
+    later calls through one compiled function, a new batch size too."""
+    r = np.random.default_rng(1)
+    old = config.get("HYBRID_EAGER_KERNELS")
+    try:
+        config.set_flag("HYBRID_EAGER_KERNELS", 0)
+        plain = make()
+        config.set_flag("HYBRID_EAGER_KERNELS", 1)
+        fast = make()
+        for batch in (6, 6, 6, 9):
+            pred = r.standard_normal((batch, 4)).astype(np.float32)
+            label = label_of(r, pred)
+            config.set_flag("HYBRID_EAGER_KERNELS", 0)
+            want = _run(plain, pred, label)
+            config.set_flag("HYBRID_EAGER_KERNELS", 1)
+            got = _run(fast, pred, label)
+            for g, w in zip(got, want):
+                np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+        assert _compiled(fast) and not _compiled(plain)
+    finally:
+        config.set_flag("HYBRID_EAGER_KERNELS", old)
+
+
+def test_eager_loss_stays_op_by_op_where_compiling_could_change_what_runs():
+    """A user's subclass (its forward may print or branch), a hooked loss, keyword arguments:
+    every call runs the Python."""
+    class Mine(loss.L2Loss):
+        def forward(self, pred, label):
+            seen.append(1)
+            return super().forward(pred, label)
+
+    seen = []
+    x, y = hb.array(np.ones((2, 3), np.float32)), hb.array(np.zeros((2, 3), np.float32))
+    mine = Mine()
+    for _ in range(3):
+        mine(x, y)
+    assert len(seen) == 3 and not _compiled(mine)
+    hooked = loss.L2Loss()
+    calls = []
+    hooked.register_forward_hook(lambda blk, args, out: calls.append(1))
+    for _ in range(3):
+        hooked(x, y)
+    assert len(calls) == 3 and not _compiled(hooked)
+    kw = loss.L2Loss()
+    for _ in range(3):
+        kw(x, y, sample_weight=hb.array(np.ones((2, 1), np.float32)))
+    assert not _compiled(kw)
+
+
+def test_eager_compiled_loss_follows_a_changed_setting_and_reports_errors():
+    lf = loss.L2Loss()
+    x, y = hb.array(np.ones((2, 3), np.float32)), hb.array(np.zeros((2, 3), np.float32))
+    for _ in range(3):
+        np.testing.assert_allclose(lf(x, y).asnumpy(), [0.5, 0.5])
+    assert _compiled(lf)
+    lf._weight = 4.0  # what the trace read: traced again
+    np.testing.assert_allclose(lf(x, y).asnumpy(), [2.0, 2.0])
+    with pytest.raises(ValueError, match="does not match the prediction"):
+        lf(x, hb.array(np.zeros((2, 4), np.float32)))
+    assert _compiled(lf)  # a user's error is no reason to stop compiling
+
+
+def test_eager_compiled_loss_on_an_emulated_gpu(emulated_gpu):
+    lf, r = loss.SoftmaxCrossEntropyLoss(), np.random.default_rng(2)
+    pred = r.standard_normal((5, 3)).astype(np.float32)
+    label = r.integers(0, 3, 5)
+    want = _run(loss.SoftmaxCrossEntropyLoss(), pred, label)
+    for _ in range(3):
+        p = hb.array(pred, device=emulated_gpu)
+        p.attach_grad()
+        with autograd.record():
+            out = lf(p, hb.array(label, device=emulated_gpu))
+        out.backward()
+        np.testing.assert_allclose(out.asnumpy(), want[0], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(p.grad.asnumpy(), want[1], rtol=1e-5, atol=1e-6)
+    assert _compiled(lf)
