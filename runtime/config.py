@@ -105,8 +105,9 @@ FLAGS = {f.name: f for f in [
          "Eager convolutions, their gradients and pooling run a compiled single-op kernel "
          "(LLVM, cached per signature in memory and on disk) from a signature's second call, "
          "where NumPy is slower (hybrid/eager_kernels.py), and eager recurrent layers (RNN, "
-         "LSTM, GRU) their recurrence compiled (hybrid/nn/rnn_layers.py); 0: NumPy and the "
-         "Python loop always."),
+         "LSTM, GRU) their recurrence compiled (hybrid/nn/rnn_layers.py), and built-in "
+         "losses one compiled function from an instance's second call (hybrid/loss.py); 0: "
+         "NumPy, op by op, and the Python loop always."),
     Flag("HYBRID_SWITCH_INTERVAL", _seconds, 0.0002,
          "Python's thread switch interval while engine workers run (sys.setswitchinterval; "
          "never raised): a worker whose native call ends waits at most this long for the "
