@@ -5,11 +5,13 @@ The label is reshaped like the prediction (it must have as many elements), so an
 label against an ``(n, 1)`` prediction is per-sample, never a silent ``(n, n)`` broadcast.
 Losses are HybridBlocks written with hybrid ops, so they hybridize.
 
-Called eagerly, a built-in loss runs as one compiled function per signature from its
-instance's second call (``Loss.__call__``), as eager kernels do for single ops: a softmax
-cross-entropy is ~15 eager ops forward and ~20 backward, each a dispatch (and on a GPU each a
-CuPy launch), where the compiled function is one call each way. The first call runs op by op
-(its errors name the user's line as any eager op's); a user's subclass, a hooked or
+Called eagerly in a loop, a built-in loss runs as one compiled function per signature from
+its instance's ``COMPILE_AFTER``-th call (``Loss.__call__``), as eager kernels do for single
+ops: a softmax cross-entropy is ~15 eager ops forward and ~20 backward, each a dispatch (and on
+a GPU each a CuPy launch), where the compiled function is one call each way (~1 ms saved per
+MLP step here). Not from the second call: compiling a loss costs ~0.4-0.7 s with an empty
+cache (~60 ms warm), so a script calling it a few times never pays it. Earlier calls run op by
+op (their errors name the user's line as any eager op's); a user's subclass, a hooked or
 hybridized loss, keyword arguments, or ``HYBRID_EAGER_KERNELS=0`` keep the op-by-op path.
 """
 from __future__ import annotations
@@ -38,6 +40,9 @@ def _reshape_like(label, pred, who):
                          f"prediction of shape {tuple(pred.shape)} (they need the same number "
                          "of elements; the label is reshaped like the prediction)")
     return F.reshape(label, shape=tuple(pred.shape))
+
+
+COMPILE_AFTER = 16  # the call of a loss instance that compiles it (a training loop's warm-up)
 
 
 def _to_float(label, pred):
@@ -76,7 +81,7 @@ class Loss(HybridBlock):
         if state is None or state[0] != conf:
             state = (conf, None, 0)
         conf, fn, calls = state
-        if fn is None and calls >= 1:
+        if fn is None and calls >= COMPILE_AFTER - 1:
             fn = _tracing().hybridize(self.forward)
         object.__setattr__(self, "_eager_fn", (conf, fn, calls + 1))
         return fn or None

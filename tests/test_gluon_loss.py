@@ -166,9 +166,11 @@ def _compiled(lossfn):
      lambda r, p: (r.random(p.shape) > 0.5).astype(np.float32)),
     (lambda: loss.HuberLoss(rho=0.5), lambda r, p: r.standard_normal(p.shape).astype(np.float32)),
 ])
-def test_builtin_loss_called_eagerly_runs_compiled_from_its_second_call(make, label_of):
+def test_builtin_loss_called_eagerly_runs_compiled_in_a_loop(make, label_of, monkeypatch):
     """Values and gradients as op by op (HYBRID_EAGER_KERNELS=0), the first call op by op,
-    later calls through one compiled function, a new batch size too."""
+    later calls through one compiled function, a new batch size too (compiling from the
+    second call here; a loop's 16th by default)."""
+    monkeypatch.setattr(loss, "COMPILE_AFTER", 2)
     r = np.random.default_rng(1)
     old = config.get("HYBRID_EAGER_KERNELS")
     try:
@@ -190,9 +192,10 @@ def test_builtin_loss_called_eagerly_runs_compiled_from_its_second_call(make, la
         config.set_flag("HYBRID_EAGER_KERNELS", old)
 
 
-def test_eager_loss_stays_op_by_op_where_compiling_could_change_what_runs():
+def test_eager_loss_stays_op_by_op_where_compiling_could_change_what_runs(monkeypatch):
     """A user's subclass (its forward may print or branch), a hooked loss, keyword arguments:
-    every call runs the Python."""
+    every call runs the Python (here where a plain loss compiles from its second call)."""
+    monkeypatch.setattr(loss, "COMPILE_AFTER", 2)
     class Mine(loss.L2Loss):
         def forward(self, pred, label):
             seen.append(1)
@@ -216,7 +219,20 @@ def test_eager_loss_stays_op_by_op_where_compiling_could_change_what_runs():
     assert not _compiled(kw)
 
 
-def test_eager_compiled_loss_follows_a_changed_setting_and_reports_errors():
+def test_a_loss_called_a_few_times_is_never_compiled():
+    """Compiling costs ~0.5 s with an empty cache: a script's handful of calls runs op by op;
+    a loop's COMPILE_AFTER-th call compiles."""
+    lf = loss.L2Loss()
+    x, y = hb.array(np.ones((2, 3), np.float32)), hb.array(np.zeros((2, 3), np.float32))
+    for _ in range(loss.COMPILE_AFTER - 1):
+        lf(x, y)
+    assert not _compiled(lf)
+    lf(x, y)
+    assert _compiled(lf)
+
+
+def test_eager_compiled_loss_follows_a_changed_setting_and_reports_errors(monkeypatch):
+    monkeypatch.setattr(loss, "COMPILE_AFTER", 2)
     lf = loss.L2Loss()
     x, y = hb.array(np.ones((2, 3), np.float32)), hb.array(np.zeros((2, 3), np.float32))
     for _ in range(3):
@@ -229,7 +245,8 @@ def test_eager_compiled_loss_follows_a_changed_setting_and_reports_errors():
     assert _compiled(lf)  # a user's error is no reason to stop compiling
 
 
-def test_eager_compiled_loss_on_an_emulated_gpu(emulated_gpu):
+def test_eager_compiled_loss_on_an_emulated_gpu(emulated_gpu, monkeypatch):
+    monkeypatch.setattr(loss, "COMPILE_AFTER", 2)
     lf, r = loss.SoftmaxCrossEntropyLoss(), np.random.default_rng(2)
     pred = r.standard_normal((5, 3)).astype(np.float32)
     label = r.integers(0, 3, 5)
