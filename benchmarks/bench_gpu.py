@@ -506,9 +506,7 @@ def run(smoke: bool, budgets: dict, save=None) -> dict:
           peer(lambda: torch_train("resnet18", rb, 5, 1, side=side, width=width)))
     parts.append(r)
 
-    figures = {}
-    for p in parts:
-        figures.update(p.rows)
+    figures = _figures(parts)
     return {"emulated": emulated, "smoke": smoke, "cuda_backend": cuda_why or "compiles",
             "sizes": {"mlp_calls": calls, "train_batch": train_batch, "train_steps": steps,
                       "chain_elements": chain_size, "reps": reps},
@@ -521,12 +519,16 @@ def _save(path, parts, emulated, cuda_why):
     stops (a long first compile) still leaves what it measured."""
     if not path:
         return
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump({"partial": True, "emulated": emulated, "cuda_backend": cuda_why or "compiles",
+                   "figures": _figures(parts)}, f, indent=1)
+
+
+def _figures(parts) -> dict:
     figures = {}
     for p in parts:
         figures.update(p.rows)
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump({"partial": True, "emulated": emulated, "cuda_backend": cuda_why or "compiles",
-                   "figures": figures}, f, indent=1)
+    return figures
 
 
 def _value(figures, key):

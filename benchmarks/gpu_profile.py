@@ -15,7 +15,6 @@ import io
 import os
 import pstats
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -26,29 +25,15 @@ from hybrid.nn import models  # noqa: E402
 
 
 def profile(title, fn, n, out, top=22):
-    fn()
-    hb.waitall()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    hb.waitall()
-    wall = (time.perf_counter() - t0) / n
+    wall = bench_gpu.per_call(fn, n, hb.waitall, 1)
     gpu = hb.gpu(0).seam
-    s = gpu.compute_stream
-    ev0 = s.record()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    hb.waitall()
-    ev1 = s.record()
-    ev1.synchronize()
     gpu_ms = None
-    if getattr(ev0, "ev", None) is not None and hasattr(ev0.ev, "record"):
+    if gpu.implementation == "cupy":  # the compute stream's span, timed by CUDA events
         try:
             import cupy  # noqa: PLC0415
-            # the events were made without timing; time the same span again with timing on
+            s = gpu.compute_stream
             a, b = cupy.cuda.Event(), cupy.cuda.Event()
-            with hb.gpu(0).seam.device:
+            with gpu.device:
                 a.record(s.s)
                 for _ in range(n):
                     fn()
@@ -132,19 +117,12 @@ def matmul_peers(out):
         b = cupy.random.standard_normal((k, n), dtype=cupy.float32)
         f = hb.hybridize(lambda x, y: hb.np.matmul(x, y), backend="cuda")
         xa, xb = hb.ones((m, k), device=hb.gpu(0)), hb.ones((k, n), device=hb.gpu(0))
+        def sync():
+            hb.waitall()
+            cupy.cuda.Device().synchronize()
+
         for name, call in (("cupy", lambda: a @ b), ("hybrid", lambda: f(xa, xb))):
-            call()
-            cupy.cuda.Device().synchronize()
-            hb.waitall()
-            e0, e1 = cupy.cuda.Event(), cupy.cuda.Event()
-            s = cupy.cuda.get_current_stream() if name == "cupy" else None
-            t0 = time.perf_counter()
-            for _ in range(50):
-                call()
-            hb.waitall()
-            cupy.cuda.Device().synchronize()
-            dt = (time.perf_counter() - t0) / 50 * 1e3
-            del e0, e1, s
+            dt = bench_gpu.per_call(call, 50, sync, 1) * 1e3
             print(f"  {m}x{k}x{n} {name}: {dt:.4f} ms/call wall", file=out)
 
 

@@ -24,7 +24,7 @@ from runtime import config
 
 from . import _state
 from .ndarray import F, NDArray
-from .nn.block import HybridBlock
+from .nn.block import HybridBlock, _tracing
 
 __all__ = ["Loss", "L2Loss", "L1Loss", "SoftmaxCrossEntropyLoss", "SoftmaxCELoss",
            "SigmoidBinaryCrossEntropyLoss", "SigmoidBCELoss", "HuberLoss", "HingeLoss",
@@ -103,11 +103,6 @@ class Loss(HybridBlock):
 
     def __repr__(self):
         return f"{type(self).__name__}(batch_axis={self._batch_axis}, w={self._weight})"
-
-
-def _tracing():
-    from . import tracing  # noqa: PLC0415 - tracing imports the blocks
-    return tracing
 
 
 class L2Loss(Loss):
