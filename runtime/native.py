@@ -40,8 +40,14 @@ from .atomic import write_bytes
 
 FORMAT = "hybrid-llvm-object/1"
 OPT_PIPELINE = "O3+vectorize,no-unroll,no-interleave"  # part of the cache key
+# Helper modules that run no array arithmetic (the thread pool's claim loop) are compiled
+# without IR passes and with LLVM's fast instruction selection: ~4 ms instead of ~40 on a
+# first call, for code whose speed is its system calls' and atomics', not LLVM's.
+OPT_QUICK = "O0"
 _lock = threading.RLock()
+_target_lock = threading.Lock()  # creating the target machine (not _lock: see prepare)
 _target: dict = {}
+_preparing: list = []  # the thread of prepare(), once started
 _loaded: dict = {}  # cache digest -> NativeModule (one MCJIT engine per distinct object)
 # what compile_ir did, counted (tests assert a warm start compiles and generates nothing)
 stats = {"compiles": 0, "disk_hits": 0, "ir_generated": 0, "shared_loads": 0, "links": 0}
@@ -78,7 +84,7 @@ def target():
     """(llvm module, target machine, info dict) for this host, created once."""
     if _target:
         return _target["llvm"], _target["tm"], _target["info"]
-    with _lock:
+    with _target_lock:
         if not _target:
             llvm = _llvm()
             llvm.initialize_native_target()
@@ -88,14 +94,54 @@ def target():
             tm = llvm.Target.from_default_triple().create_target_machine(
                 cpu=cpu, features=features, opt=3, jit=True)
             import llvmlite  # noqa: PLC0415
+            tm_quick = llvm.Target.from_default_triple().create_target_machine(
+                cpu=cpu, features=features, opt=0, jit=True)
             info = {"triple": tm.triple, "cpu": cpu, "features": features,
                     "data_layout": str(tm.target_data), "llvmlite": llvmlite.__version__,
                     "llvm": ".".join(map(str, llvm.llvm_version_info)),
                     "hybrid": _hybrid_version()}
-            _target.update(llvm=llvm, tm=tm, info=info)
+            _target.update(llvm=llvm, tm=tm, tm_quick=tm_quick, info=info)
             if _host.get("info") is not None and _host["info"] != info:
                 _remember_host(info)  # keys made from it were wrong: never again
     return _target["llvm"], _target["tm"], _target["info"]
+
+
+def prepare():
+    """Start importing llvmlite and making the target machine in a background thread (once
+    per process), so that a cold compile's import (~50-80 ms, mostly outside the GIL: the
+    library's dlopen) overlaps the Python work before its first use (passes, lowering, IR).
+    Returns at once; whoever needs the target first waits for it in :func:`target`, which
+    also raises what went wrong (this thread only logs it)."""
+    if _target or _preparing:
+        return
+
+    def run():
+        try:
+            info = target()[2]
+            if _known_host() != info:
+                _remember_host(info)  # as target_info() does: the next start needs no llvmlite
+        except Exception as exc:  # noqa: BLE001 - target() raises it again for its user
+            _log().info("preparing llvmlite failed: %s: %s", type(exc).__name__, exc)
+    with _target_lock:
+        if _target or _preparing:
+            return
+        t = threading.Thread(target=run, name="hybrid-llvm-prepare", daemon=True)
+        _preparing.append(t)
+    t.start()
+
+
+def host_key() -> dict:
+    """What identifies this host's machine code, for cache keys computed before compiling
+    (the executable cache), without llvmlite: the host fingerprint (/proc/cpuinfo's identity
+    and flags and the llvmlite install, which decide LLVM's CPU name and features) and the
+    versions; LLVM's own target info where there is no fingerprint."""
+    fp = _host["fp"] if "fp" in _host else _host_fingerprint()
+    if fp is None:
+        info = target_info()
+        return {k: info[k] for k in ("triple", "cpu", "features", "llvmlite", "llvm",
+                                     "hybrid")}
+    _host.setdefault("fp", fp)
+    return {"host": fp, "hybrid": _hybrid_version()}
 
 
 def target_info() -> dict:
@@ -202,12 +248,13 @@ def _remember_host(info: dict):
     _host.update(fp=fp, info=dict(info))
 
 
-def key_record(ir_text, extra: dict | None = None, source_key: str | None = None) -> dict:
+def key_record(ir_text, extra: dict | None = None, source_key: str | None = None,
+               quick: bool = False) -> dict:
     """The cache key: the IR's sha256 — or, when the caller generates IR deterministically
     from a source it can name (a kernel Program's hash), that ``source_key``, so a warm
     start does not have to generate the IR at all."""
     info = target_info()
-    rec = {"format": FORMAT, "opt": OPT_PIPELINE}
+    rec = {"format": FORMAT, "opt": OPT_QUICK if quick else OPT_PIPELINE}
     if source_key is not None:
         rec["source_key"] = source_key
     else:
@@ -254,16 +301,17 @@ class NativeModule:
 
 def compile_ir(ir_text, entries, key: dict | None = None, name: str = "module",
                before_load=None, globals_=(), source_key: str | None = None,
-               optional_globals=()) -> NativeModule:
+               optional_globals=(), quick: bool = False) -> NativeModule:
     """Machine code for ``ir_text`` (from the disk cache when possible).
 
     entries: the functions whose addresses are wanted; globals_: global variables too (the
     caller may write them, e.g. a thread count). key: extra fields of the cache key
     (whatever else the code depends on). before_load: called before the object is linked (to
-    register the external symbols it calls, e.g. BLAS).
+    register the external symbols it calls, e.g. BLAS). quick: no IR passes, fast
+    instruction selection (OPT_QUICK: helper code without array arithmetic).
     """
     entries = tuple(entries)
-    record = key_record(ir_text, key, source_key)
+    record = key_record(ir_text, key, source_key, quick)
     digest = key_digest(record)
     mod = _loaded.get(digest)
     if mod is not None:
@@ -282,7 +330,7 @@ def compile_ir(ir_text, entries, key: dict | None = None, name: str = "module",
             if callable(ir_text):  # generated only when it must be compiled
                 ir_text = ir_text()
                 stats["ir_generated"] += 1
-            obj, times = _compile(ir_text, name, dump)
+            obj, times = _compile(ir_text, name, dump, quick)
             stats["compiles"] += 1
             _write_cache(path, record, obj)
         else:
@@ -305,15 +353,17 @@ def compile_ir(ir_text, entries, key: dict | None = None, name: str = "module",
 _builtins: dict = {}  # name -> NativeModule of the process-wide helper modules
 
 
-def builtin_module(name: str, emit_ir, source_key: str, entries) -> NativeModule:
+def builtin_module(name: str, emit_ir, source_key: str, entries,
+                   quick: bool = False) -> NativeModule:
     """A process-wide helper module (the thread pool, the loop step driver), loaded once:
     its IR, ``emit_ir(triple, data_layout)``, is generated only when the disk cache misses,
-    keyed by ``source_key`` (the emitter's version)."""
+    keyed by ``source_key`` (the emitter's version); quick: see compile_ir."""
     mod = _builtins.get(name)
     if mod is None:
         info = target_info()
         mod = compile_ir(lambda: emit_ir(info["triple"], info["data_layout"]), entries,
-                         name=name, source_key=source_key)  # one compile: its lock, its memo
+                         name=name, source_key=source_key,
+                         quick=quick)  # one compile: its lock, its memo
         _builtins[name] = mod
     return mod
 
@@ -373,8 +423,10 @@ def _known(digest, record, name, entries, globals_, optional_globals, dump):
     return mod
 
 
-def _compile(ir_text: str, name: str, dump):
+def _compile(ir_text: str, name: str, dump, quick: bool = False):
     llvm, tm, _info = target()
+    if quick:
+        tm = _target["tm_quick"]
     times = {}
     t = time.perf_counter()
     mod = llvm.parse_assembly(ir_text)
@@ -383,16 +435,17 @@ def _compile(ir_text: str, name: str, dump):
     mod.verify()
     times["parse"] = time.perf_counter() - t
     t = time.perf_counter()
-    pto = llvm.create_pipeline_tuning_options(speed_level=3)
-    pto.loop_vectorization = True
-    pto.slp_vectorization = True
-    # unrolling and interleaving cost ~5x compile time (ResNet-18: 7.7 s -> 1.3 s) for a
-    # few percent at run time; vectorization stays on
-    pto.loop_unrolling = False
-    pto.loop_interleaving = False
-    pb = llvm.create_pass_builder(tm, pto)
-    pb.getModulePassManager().run(mod, pb)
-    times["optimize"] = time.perf_counter() - t
+    if not quick:
+        pto = llvm.create_pipeline_tuning_options(speed_level=3)
+        pto.loop_vectorization = True
+        pto.slp_vectorization = True
+        # unrolling and interleaving cost ~5x compile time (ResNet-18: 7.7 s -> 1.3 s) for a
+        # few percent at run time; vectorization stays on
+        pto.loop_unrolling = False
+        pto.loop_interleaving = False
+        pb = llvm.create_pass_builder(tm, pto)
+        pb.getModulePassManager().run(mod, pb)
+        times["optimize"] = time.perf_counter() - t
     t = time.perf_counter()
     obj = tm.emit_object(mod)
     times["codegen"] = time.perf_counter() - t

@@ -263,3 +263,71 @@ def test_code_generator_settings_changed_at_run_time_are_not_served_old_code(
     monkeypatch.undo()  # and that code was not stored, to be loaded by a later process
     _outputs(x)
     assert exe_cache.stats["hits"] == hits + 1
+
+
+_COLD_KEY = textwrap.dedent("""
+    import json, sys, threading
+    import hybrid as hb
+    from hybrid.nn import models
+    from compiler import exe_cache
+    from runtime import native
+    seen = {}
+    key = exe_cache._key
+
+    def spy(*args):
+        out = key(*args)
+        seen["llvmlite_at_key"] = "llvmlite.binding" in sys.modules
+        seen["keyed"] = out is not None
+        return out
+    exe_cache._key = spy
+    net = models.mlp(num_outputs=10)
+    net.initialize()
+    x = hb.random.normal(size=(2, 1, 28, 28))
+    net(x)
+    net.hybridize(backend="llvm")
+    net(x).wait_to_read()
+    exe_cache.wait_writes()
+    seen["prepared"] = [t.name for t in native._preparing]
+    seen["host_known"] = native._host_path(native._host_fingerprint()).exists()
+    from compiler.codegen.llvm import threadpool
+    threadpool.address()
+    seen["pool_opt"] = threadpool.native_module().record["opt"]
+    print(json.dumps(seen))
+""")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/cpuinfo"), reason="no host fingerprint here")
+def test_a_cold_call_keys_its_executable_without_llvmlite_and_imports_it_meanwhile(
+        tmp_path):
+    """The executable cache's key comes from the host fingerprint, so a cold first call
+    imports llvmlite in a background thread (native.prepare) while its passes and lowering
+    run; that thread also remembers the host for the next process. The thread pool is
+    compiled quickly (no IR passes: it runs no array arithmetic)."""
+    env = dict(os.environ, HYBRID_CACHE_DIR=str(tmp_path))
+    for k in ("HYBRID_LOG", "HYBRID_PRINT_AFTER", "HYBRID_DUMP_DIR"):
+        env.pop(k, None)
+    out = subprocess.run([sys.executable, "-c", _COLD_KEY], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=240, check=True)
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["keyed"] and not seen["llvmlite_at_key"]
+    assert seen["prepared"] == ["hybrid-llvm-prepare"]
+    assert seen["host_known"]
+    assert seen["pool_opt"] == native.OPT_QUICK
+
+
+def test_prepare_reports_nothing_and_target_raises_what_went_wrong(monkeypatch):
+    """A background preparation that fails only logs; the caller that needs the target gets
+    the error itself."""
+    monkeypatch.setattr(native, "_target", {})
+    monkeypatch.setattr(native, "_preparing", [])
+
+    def broken():
+        raise ImportError("no llvmlite here")
+    monkeypatch.setattr(native, "_llvm", broken)
+    native.prepare()
+    native._preparing[0].join(10)
+    assert not native._preparing[0].is_alive()
+    native.prepare()  # once per process: no second thread
+    assert len(native._preparing) == 1
+    with pytest.raises(ImportError, match="no llvmlite here"):
+        native.target()

@@ -44,7 +44,7 @@ def address() -> int:
             return emit_pool_ir(triple, data_layout)
         mod = native.builtin_module(
             "hybrid_pool", emit, f"hybrid_pool/{POOL_VERSION}/{SPIN_YIELDS}/{MAX_HELPERS}/"
-                                 f"{MAX_CHUNKS}", [SYMBOL])
+                                 f"{MAX_CHUNKS}", [SYMBOL], quick=True)
         _state["module"] = mod
         addr = _state["addr"] = mod.address(SYMBOL)
     return addr
