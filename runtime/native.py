@@ -28,6 +28,7 @@ import ctypes
 import hashlib
 import json
 import os
+import queue
 import re
 import sys
 import threading
@@ -423,35 +424,95 @@ def _known(digest, record, name, entries, globals_, optional_globals, dump):
     return mod
 
 
-def _compile(ir_text: str, name: str, dump, quick: bool = False):
+def _compile(ir_text, name: str, dump, quick: bool = False):
+    """Machine code for ``ir_text``: one IR text, or an iterable of texts (a module's shards,
+    possibly generated lazily), each parsed and optimized as soon as it is there, then
+    linked into one module for code generation."""
     llvm, tm, _info = target()
     if quick:
         tm = _target["tm_quick"]
-    times = {}
-    t = time.perf_counter()
-    mod = llvm.parse_assembly(ir_text)
-    mod.triple = tm.triple
-    mod.data_layout = str(tm.target_data)
-    mod.verify()
-    times["parse"] = time.perf_counter() - t
-    t = time.perf_counter()
-    if not quick:
-        pto = llvm.create_pipeline_tuning_options(speed_level=3)
-        pto.loop_vectorization = True
-        pto.slp_vectorization = True
-        # unrolling and interleaving cost ~5x compile time (ResNet-18: 7.7 s -> 1.3 s) for a
-        # few percent at run time; vectorization stays on
-        pto.loop_unrolling = False
-        pto.loop_interleaving = False
-        pb = llvm.create_pass_builder(tm, pto)
-        pb.getModulePassManager().run(mod, pb)
-        times["optimize"] = time.perf_counter() - t
+    times = {"parse": 0.0}
+    texts = []
+
+    def parse_and_optimize(text):
+        t = time.perf_counter()
+        mod = llvm.parse_assembly(text)
+        mod.triple = tm.triple
+        mod.data_layout = str(tm.target_data)
+        mod.verify()
+        t1 = time.perf_counter()
+        times["parse"] += t1 - t
+        if not quick:
+            _optimize(llvm, tm, mod)
+            times["optimize"] = times.get("optimize", 0.0) + time.perf_counter() - t1
+        return mod
+
+    if isinstance(ir_text, str):
+        texts.append(ir_text)
+        mod = parse_and_optimize(ir_text)
+    else:
+        mods = _pipelined(parse_and_optimize, _keeping(ir_text, texts))
+        mod = mods[0]
+        t = time.perf_counter()
+        for other in mods[1:]:
+            mod.link_in(other)
+        times["link"] = time.perf_counter() - t
     t = time.perf_counter()
     obj = tm.emit_object(mod)
     times["codegen"] = time.perf_counter() - t
     if dump:
-        _dump(Path(dump), name, ir_text, str(mod), tm.emit_assembly(mod))
+        joined = "\n".join(f"; ---- shard {k} of {len(texts)}\n{text}"
+                           for k, text in enumerate(texts)) if len(texts) > 1 else texts[0]
+        _dump(Path(dump), name, joined, str(mod), tm.emit_assembly(mod))
     return obj, times
+
+
+def _optimize(llvm, tm, mod):
+    pto = llvm.create_pipeline_tuning_options(speed_level=3)
+    pto.loop_vectorization = True
+    pto.slp_vectorization = True
+    # unrolling and interleaving cost ~5x compile time (ResNet-18: 7.7 s -> 1.3 s) for a
+    # few percent at run time; vectorization stays on
+    pto.loop_unrolling = False
+    pto.loop_interleaving = False
+    pb = llvm.create_pass_builder(tm, pto)
+    pb.getModulePassManager().run(mod, pb)
+
+
+def _keeping(texts, kept: list):
+    for text in texts:
+        kept.append(text)
+        yield text
+
+
+def _pipelined(work, items) -> list:
+    """``[work(x) for x in items]``, with ``work`` in a helper thread while the caller's
+    thread produces the next item: LLVM (which releases the GIL, one call at a time under
+    llvmlite's lock) optimizes a shard while Python builds the next. Results in order; the
+    first error, the producer's or the helper's, is raised once the helper stopped."""
+    todo = queue.SimpleQueue()
+    results, errors = [], []
+
+    def helper():
+        while (item := todo.get()) is not None:
+            if not errors:
+                try:
+                    results.append(work(item))
+                except BaseException as exc:  # noqa: BLE001 - raised by the caller
+                    errors.append(exc)
+    thread = threading.Thread(target=helper, name="hybrid-llvm-shards", daemon=True)
+    thread.start()
+    try:
+        for item in items:
+            todo.put(item)
+            if errors:
+                break
+    finally:
+        todo.put(None)
+        thread.join()  # LLVM finishes the shard it has (bounded work), then stops
+    if errors:
+        raise errors[0]
+    return results
 
 
 def _dump(where: Path, name: str, ir_text: str, opt_text: str, asm: str):

@@ -1,6 +1,7 @@
 """runtime.native: the on-disk object cache, concurrent compiles, dumps, logging, the GIL."""
 import logging
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -242,3 +243,89 @@ def test_bad_inputs_are_refused():
         run_program(compiled, [np.zeros(74, np.float32)[::2]])
     with pytest.raises(ValueError, match="float32"):
         compiled.runner()(np.zeros(37, np.float64))
+
+
+# ------------------------------------------------------------------- shards
+def _train_outputs(model, batch):
+    """Outputs and gradients of one hybridized training call, compiled afresh."""
+    import hybrid as hb  # noqa: PLC0415
+    from hybrid import autograd  # noqa: PLC0415
+    from hybrid.nn import models  # noqa: PLC0415
+    hb.random.seed(7)
+    net = models.mlp(num_outputs=10) if model == "mlp" else models.lenet()
+    net.initialize()
+    x = hb.random.normal(size=(batch, 1, 28, 28))
+    net.hybridize(backend="llvm")
+    with autograd.record():
+        y = net(x)
+        loss = (y * y).sum()
+    loss.backward()
+    return [y.asnumpy()] + [p.grad().asnumpy() for p in net.collect_params().values()]
+
+
+@pytest.mark.parametrize("model,batch", [("mlp", 256), ("lenet", 64)])
+def test_a_module_compiled_in_shards_computes_what_one_module_does(
+        model, batch, cache_dir, monkeypatch):
+    """Every kernel in a shard of its own (the threaded ones too: their thread globals are
+    defined in one shard and declared in the others), linked, gives the one-module code's
+    results bit for bit."""
+    from compiler.codegen.llvm import emit  # noqa: PLC0415
+    texts = []
+    build = emit.ModuleBuilder.build_shards
+
+    def counted(self, per_shard=None):
+        for text in build(self, per_shard):
+            texts.append(text)
+            yield text
+    monkeypatch.setattr(emit.ModuleBuilder, "build_shards", counted)
+    monkeypatch.setattr(emit, "SHARD_INSTRUCTIONS", 1)
+    sharded = _train_outputs(model, batch)
+    assert len(texts) > 4
+    defined, declared = {}, set()
+    for t in texts:
+        for sym, how in re.findall(r'@"([^"]+\.(?:nthreads|pool))" = (external global|global)',
+                                   t):
+            if how == "global":
+                defined[sym] = defined.get(sym, 0) + 1
+            else:
+                declared.add(sym)
+    assert defined and set(defined.values()) == {1}  # one definition per program
+    assert declared <= set(defined)  # a later shard declares what an earlier one defined
+    if model == "lenet":  # (several threaded kernels: their shards share the globals)
+        assert declared
+    monkeypatch.setattr(emit, "SHARD_INSTRUCTIONS", 0)
+    old = config.set_flag("HYBRID_CACHE_DIR", str(cache_dir) + "-whole")
+    native.clear_memory_cache()
+    texts.clear()
+    try:
+        whole = _train_outputs(model, batch)
+    finally:
+        config.set_flag("HYBRID_CACHE_DIR", old)
+    assert texts and all(t.count("define void @") <= 1 for t in texts)
+    for a, b in zip(sharded, whole):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_shard_errors_are_raised_and_the_helper_stops():
+    """A failing shard generator, or LLVM refusing a shard, raises in the caller; the helper
+    thread that optimizes shards is gone afterwards."""
+    good = emit_ir(small_program(8.5), "shard_ok")
+
+    def failing():
+        yield good
+        raise ValueError("generator broke")
+    with pytest.raises(ValueError, match="generator broke"):
+        native._compile(failing(), "shards", None)
+    with pytest.raises(RuntimeError):
+        native._compile(iter([good, "this is not LLVM IR"]), "shards", None)
+    assert not [t for t in threading.enumerate() if t.name == "hybrid-llvm-shards"]
+
+
+def test_a_sharded_dump_shows_every_shard_and_the_linked_module(tmp_path, monkeypatch):
+    text = emit_ir(small_program(9.5), "shard_dump")
+    other = text.replace("shard_dump", "shard_dump2")
+    native._compile(iter([text, other]), "shard_dump", str(tmp_path))
+    ll = (tmp_path / "shard_dump.ll").read_text()
+    assert "; ---- shard 0 of 2" in ll and "; ---- shard 1 of 2" in ll
+    opt = (tmp_path / "shard_dump.opt.ll").read_text()
+    assert "@shard_dump(" in opt and "@shard_dump2(" in opt

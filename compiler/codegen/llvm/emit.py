@@ -61,6 +61,9 @@ VOID = ir.VoidType()
 # A loop kernel of at least this many points splits its outer loop across the device's
 # threads (thread start-up is ~10-30 us; below this the kernel takes about that long).
 PARALLEL_MIN_ELEMENTS = 1 << 17
+# Instructions per shard of a module (ModuleBuilder.build_shards): LLVM optimizes a shard
+# while Python builds the next (a big kernel is one shard, small ones share one).
+SHARD_INSTRUCTIONS = 400
 
 
 def sanitize(name: str) -> str:
@@ -78,16 +81,41 @@ class ModuleBuilder:
         self.name = sanitize(name)
         self.module = ir.Module(name=self.name)
         info = native.target_info()
-        self.module.triple = info["triple"]
-        self.module.data_layout = info["data_layout"]
+        self._triple, self._data_layout = info["triple"], info["data_layout"]
+        self.module.triple = self._triple
+        self.module.data_layout = self._data_layout
         self.intr = Intrinsics(self.module)
         self.uses_blas = False
         self.threaded = False
+        self.defined_globals: set = set()  # module globals defined in an earlier shard
+
+    def module_global(self, name: str, ty, init) -> ir.GlobalVariable:
+        """The module-wide variable ``name``: defined (with ``init``) in the first shard
+        that uses it, declared in later ones (the linked module has one definition)."""
+        g = self.module.globals.get(name)
+        if g is None:
+            g = ir.GlobalVariable(self.module, ty, name)
+            if name not in self.defined_globals:
+                g.initializer = init
+        return g
 
     def build(self) -> str:
+        """The whole module as one IR text."""
+        (text,) = self.build_shards(per_shard=0)
+        return text
+
+    def build_shards(self, per_shard: int | None = None):
+        """The module as a sequence of IR texts ("shards"), generated lazily: a shard closes
+        once its kernels hold ``per_shard`` instructions (default SHARD_INSTRUCTIONS; 0: one
+        shard), so the caller optimizes it while the next one is built (native.compile_ir).
+        Kernels called across shards have external linkage; the entry point, which calls
+        them all, is in the last shard; a thread global is defined in the shard of its
+        first use and declared in later ones: linked, the shards are the one-shard module."""
         from . import extern  # noqa: PLC0415 - avoid an import cycle
+        limit = SHARD_INSTRUCTIONS if per_shard is None else per_shard
         prog = self.program
         fns = []
+        shard_start = 0  # index in fns of the current shard's first kernel
         for k, step in enumerate(prog.steps):
             fname = f"{self.name}.k{k}.{sanitize(step.name or type(step).__name__)}"
             used = _used_slots(step)
@@ -97,6 +125,13 @@ class ModuleBuilder:
             else:
                 fn = extern.emit_extern(self, step, fname, groups)
             fns.append((fn, groups))
+            if limit > 0 and k + 1 < len(prog.steps) and \
+                    _instructions(self.module) >= limit:
+                for f, _ in fns[shard_start:]:
+                    f.linkage = "external"  # called from the entry's shard
+                yield str(self.module)
+                self._next_shard()
+                shard_start = len(fns)
         entry = ir.Function(self.module, ir.FunctionType(VOID, [PTR, PTR]), self.name)
         entry.attributes.add("nounwind")
         io, arena = entry.args
@@ -116,10 +151,28 @@ class ModuleBuilder:
                               source_etype=PTR)
                     ptrs[s] = b.load(p, name=f"slot{s}", typ=PTR, align=8)
             return ptrs[s]
-        for fn, groups in fns:
+        for k, (fn, groups) in enumerate(fns):
+            if k < shard_start:  # defined in an earlier shard
+                fn = ir.Function(self.module, fn.function_type, fn.name)
             b.call(fn, [slot_ptr(g.slots[0]) for g in groups])
         b.ret_void()
-        return str(self.module)
+        yield str(self.module)
+
+    def _next_shard(self):
+        """Start a new module for the next kernels; the globals defined so far are declared
+        in it when used again (module_global)."""
+        for g in self.module.global_values:
+            if isinstance(g, ir.GlobalVariable) and g.linkage == "" and \
+                    g.initializer is not None:
+                self.defined_globals.add(g.name)
+        self.module = ir.Module(name=self.name)
+        self.module.triple = self._triple
+        self.module.data_layout = self._data_layout
+        self.intr = Intrinsics(self.module)
+
+
+def _instructions(module: ir.Module) -> int:
+    return sum(len(block.instructions) for fn in module.functions for block in fn.blocks)
 
 
 def _used_slots(step) -> list:
@@ -582,13 +635,9 @@ class for_range:
 # --------------------------------------------------------------------- threads
 def nthreads_global(mb: ModuleBuilder):
     """The module's thread count (an exported i32 the runtime sets; 1 until it does)."""
-    name = f"{mb.name}.nthreads"
-    g = mb.module.globals.get(name)
-    if g is None:
-        g = ir.GlobalVariable(mb.module, ir.IntType(32), name)
-        g.initializer = ir.Constant(ir.IntType(32), 1)
-        mb.threaded = True
-    return g
+    mb.threaded = True
+    return mb.module_global(f"{mb.name}.nthreads", ir.IntType(32),
+                            ir.Constant(ir.IntType(32), 1))
 
 
 CHUNKS_PER_THREAD = 4  # pool chunks of a parallel loop: a late thread leaves them to others
@@ -676,12 +725,7 @@ def emit_parallel_driver(mb: ModuleBuilder, fn, body, extent: int, fill, spawn=T
 def pool_global(mb: ModuleBuilder):
     """The module's pointer to the thread pool's entry (threadpool.py), set by the runtime
     with the thread count; null until then (the drivers then start threads of their own)."""
-    name = f"{mb.name}.pool"
-    g = mb.module.globals.get(name)
-    if g is None:
-        g = ir.GlobalVariable(mb.module, PTR, name)
-        g.initializer = ir.Constant(PTR, None)
-    return g
+    return mb.module_global(f"{mb.name}.pool", PTR, ir.Constant(PTR, None))
 
 
 def _pool_task(mb: ModuleBuilder, fn, body, extent: int):
@@ -757,12 +801,9 @@ def compile_program(program: Program, name: str = "program") -> CompiledProgram:
     warm start loads machine code without building the LLVM module in Python at all.
     """
     symbol = sanitize(name)
-    built = {}
 
-    def ir_text():
-        mb = ModuleBuilder(program, name)
-        built["mb"] = mb
-        return mb.build()
+    def ir_text():  # shards, built while LLVM optimizes the ones before
+        return ModuleBuilder(program, name).build_shards()
 
     if any(isinstance(s, ExternKernel) for s in program.steps):
         from runtime import blas  # noqa: PLC0415 - BLAS symbols must exist before linking
