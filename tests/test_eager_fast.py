@@ -416,3 +416,46 @@ def test_backward_skips_the_gradient_of_an_input_that_takes_none(monkeypatch, op
     # (a convolution's gradient kernels switch from NumPy to compiled code at a signature's
     # second call: eager_kernels.MIN_CALLS)
     np.testing.assert_allclose(grads[False][0], grads[True][0], rtol=1e-5, atol=1e-6)
+
+
+_DRAWS = [
+    ("uniform", dict(low=-2.0, high=3.0), "float32"),
+    ("uniform", dict(low=0.0, high=1.0), "float64"),
+    ("normal", dict(loc=1.0, scale=2.0), "float32"),
+    ("normal", dict(loc=0.0, scale=1.0), "float64"),
+    ("randint", dict(low=-5, high=7), "int64"),
+    ("randint", dict(low=0, high=255), "int32"),
+]
+
+
+@pytest.mark.parametrize("kind,attrs,dtype", _DRAWS,
+                         ids=[f"{k}-{d}" for k, _, d in _DRAWS])
+def test_large_random_draws_compiled_are_numpys_draws_bit_for_bit(kind, attrs, dtype):
+    """An eager draw of LARGE_MIN elements or more runs the compiled generator from its
+    signature's second call: the same numbers as the NumPy implementation, call after call
+    (each call a fresh key), and the stream goes on as it would have."""
+    from compiler.ops.random import _normal_impl, _randint_impl, _uniform_impl  # noqa: PLC0415
+    impl = {"uniform": _uniform_impl, "normal": _normal_impl, "randint": _randint_impl}[kind]
+    draw = getattr(hb.random, kind)
+    shape = (129, 257)  # odd extents: the compiled loop's remainder iterations
+    hb.random.seed(11)
+    keys = [hb.random.next_key(hb.cpu()) for _ in range(4)]
+    hb.random.seed(11)
+    before = eager_kernels.stats["native_calls"]
+    for key in keys:
+        if kind == "randint":
+            got = draw(attrs["low"], attrs["high"], size=shape, dtype=dtype)
+        else:
+            got = draw(size=shape, dtype=dtype, **attrs)
+        want = impl(np, np.int64(key), shape, dtype=dtype, **attrs)
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got.asnumpy(), want)
+    assert eager_kernels.stats["native_calls"] >= before + 3, "the compiled draw did not run"
+    assert hb.random.next_key(hb.cpu()) != keys[-1]
+
+
+def test_small_random_draws_stay_numpy():
+    before = dict(eager_kernels.stats)
+    for _ in range(3):
+        hb.random.normal(size=(4, 5))
+    assert eager_kernels.stats["native_calls"] == before["native_calls"]
