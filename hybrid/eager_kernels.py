@@ -40,14 +40,18 @@ COMPILED_OPS = frozenset(("conv2d", "conv2d_grad_data", "conv2d_grad_weight", "p
 # erf 20x, tanh/exp/log 3x); below LARGE_MIN elements the op runs in the caller on NumPy
 # (ndarray._INLINE_MAX), where a native call's fixed cost would not pay
 LARGE_OPS = frozenset(("sigmoid", "tanh", "exp", "log", "erf"))
-# random draws: NumPy computes the counter-based generator (compiler/ops/random.py) as ~15
-# whole-array passes (uint64 hashing, then the float transform), the compiled loop in one
-# threaded pass, with the same bits (the transform calls the same libm functions):
-# measured at 1000 x 1000, uniform 13.6 -> ~2 ms, normal 77 -> ~40 ms (its libm log1p and
-# cos per element are most of what is left)
+# random draws, at any size: NumPy computes the counter-based generator
+# (compiler/ops/random.py) as ~15 array ops (uint64 hashing, then the float transform), the
+# compiled loop in one threaded pass, with the same bits (the transform calls the same libm
+# functions): measured at 1000 x 1000, uniform 13.6 -> ~2 ms, normal 77 -> ~40 ms (its libm
+# log1p and cos per element are most of what is left); a (2, 3) draw ~40 -> ~25 us
 RANDOM_OPS = frozenset(("random_uniform", "random_normal", "random_randint"))
 LARGE_MIN = 1 << 14
 MIN_CALLS = 2  # a signature compiles on its call number MIN_CALLS; earlier calls run NumPy
+# A small random draw saves ~50 us a call but its compile costs ~50-100 ms with an empty
+# cache: it compiles on this call only (a loop drawing the same shape), never for a script
+# drawing it a few times.
+SMALL_DRAW_CALLS = 16
 stats = {"compiles": 0, "native_calls": 0, "numpy_calls": 0, "failures": 0}
 
 
@@ -66,17 +70,19 @@ def kernel_for(name, args, attrs, out_specs, fallback):
 
 
 def _large(name, out_specs) -> bool:
-    if len(out_specs) != 1 or math.prod(out_specs[0].shape) < LARGE_MIN:
+    if len(out_specs) != 1:
         return False
-    if name in RANDOM_OPS:
+    if name in RANDOM_OPS:  # ~15 NumPy ops at any size: one native call pays from 1 element
         return out_specs[0].dtype != "float16"  # (the draws' own dtypes: float or int)
-    return name in LARGE_OPS and out_specs[0].dtype in ("float32", "float64")
+    return name in LARGE_OPS and out_specs[0].dtype in ("float32", "float64") and \
+        math.prod(out_specs[0].shape) >= LARGE_MIN
 
 
 class CompiledKernel:
     """One signature's kernel: NumPy for its first calls, then the compiled executable."""
 
-    __slots__ = ("name", "operands", "attrs", "out_specs", "fallback", "calls", "exe", "lock")
+    __slots__ = ("name", "operands", "attrs", "out_specs", "fallback", "calls", "exe", "lock",
+                 "min_calls")
 
     def __init__(self, name, operands, attrs, out_specs, fallback):
         self.name = name
@@ -85,6 +91,8 @@ class CompiledKernel:
         self.out_specs = out_specs
         self.fallback = fallback
         self.calls = 0
+        small = math.prod(out_specs[0].shape) < LARGE_MIN
+        self.min_calls = SMALL_DRAW_CALLS if small and name in RANDOM_OPS else MIN_CALLS
         self.exe = None  # the Executable; False once a compile failed
         self.lock = threading.Lock()
 
@@ -94,7 +102,7 @@ class CompiledKernel:
             exe = None
         elif exe is None and xp is np:
             self.calls += 1
-            if self.calls >= MIN_CALLS:
+            if self.calls >= self.min_calls:
                 exe = self.build()
         if not exe or xp is not np:
             stats["numpy_calls"] += 1

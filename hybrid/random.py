@@ -5,6 +5,7 @@ device's stream, so results do not depend on thread timing or on other devices' 
 """
 from __future__ import annotations
 
+import math
 import numbers
 import threading
 
@@ -13,7 +14,7 @@ import numpy as np
 from runtime.device import parse_device
 
 from . import _state
-from .ndarray import NDArray, apply, array
+from .ndarray import NDArray, _from_numpy, apply, array
 
 _lock = threading.Lock()
 _seed = [np.random.SeedSequence().entropy % (1 << 62)]
@@ -63,7 +64,8 @@ def key_array(device) -> NDArray:
     if _state.tracing():
         from .tracing import random_key  # noqa: PLC0415 - tracing imports this module
         return random_key(device)
-    return array(np.int64(next_key(device)), dtype="int64", device=device)
+    # (array()'s intake checks are for user data: a key is a 62-bit int64 by construction)
+    return _from_numpy(np.array(next_key(device), dtype=np.int64), device)
 
 
 def _shape(size):
@@ -75,7 +77,7 @@ def _shape(size):
 def uniform(low=0.0, high=1.0, size=None, dtype=None, device=None, ctx=None):
     # refused as NumPy refuses them, before a key is drawn: an infinite or NaN range
     # (np.random.uniform: OverflowError) and high < low (np.random.Generator.uniform)
-    if not np.isfinite(float(high) - float(low)):
+    if not math.isfinite(float(high) - float(low)):  # (math: NumPy's scalar calls cost us)
         raise OverflowError(f"uniform: high - low must be finite, got low={low!r}, "
                             f"high={high!r} (NumPy: range exceeds valid bounds)")
     if float(high) < float(low):
@@ -89,7 +91,7 @@ def uniform(low=0.0, high=1.0, size=None, dtype=None, device=None, ctx=None):
 
 
 def normal(loc=0.0, scale=1.0, size=None, dtype=None, device=None, ctx=None):
-    if np.signbit(float(scale)) and not np.isnan(float(scale)):  # as NumPy, -0.0 included
+    if math.copysign(1.0, float(scale)) < 0 and not math.isnan(float(scale)):  # -0.0 too
         raise ValueError(f"normal: scale < 0 (got {scale!r}); the standard deviation must "
                          "be non-negative")
     device = parse_device(device or ctx)

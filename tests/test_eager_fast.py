@@ -454,8 +454,22 @@ def test_large_random_draws_compiled_are_numpys_draws_bit_for_bit(kind, attrs, d
     assert hb.random.next_key(hb.cpu()) != keys[-1]
 
 
-def test_small_random_draws_stay_numpy():
-    before = dict(eager_kernels.stats)
-    for _ in range(3):
-        hb.random.normal(size=(4, 5))
-    assert eager_kernels.stats["native_calls"] == before["native_calls"]
+def test_small_random_draws_compile_too_and_the_flag_keeps_numpy():
+    """A draw is ~15 NumPy ops at any size, so a small one compiles as well, from its
+    signature's SMALL_DRAW_CALLS-th call (a loop, not a script drawing it a few times);
+    HYBRID_EAGER_KERNELS=0 keeps NumPy's; the same numbers either way."""
+    def draws():
+        hb.random.seed(5)
+        return [hb.random.normal(size=(2, 3)).asnumpy() for _ in range(20)]
+    before = eager_kernels.stats["native_calls"]
+    compiled = draws()  # (calls 1-15 NumPy, then compiled: SMALL_DRAW_CALLS)
+    assert eager_kernels.stats["native_calls"] >= before + 20 - eager_kernels.SMALL_DRAW_CALLS
+    old = config.set_flag("HYBRID_EAGER_KERNELS", False)
+    try:
+        before = eager_kernels.stats["native_calls"]
+        numpy_drawn = draws()
+        assert eager_kernels.stats["native_calls"] == before
+    finally:
+        config.set_flag("HYBRID_EAGER_KERNELS", old)
+    for a, b in zip(compiled, numpy_drawn):
+        np.testing.assert_array_equal(a, b)
