@@ -12,7 +12,11 @@ the book's 12.1 MLP forward without ``hybridize()``.
 3. The book's MLP (Dense(256, relu) -> Dense(128, relu) -> Dense(2), float32) run eagerly at
    batch 1 and 64: 1000 forward calls then one ``waitall()``, us/call; NumPy by hand with the
    same weights beside (outputs checked equal).
-4. torch and JAX, the same computations (eager torch; JAX ops without jit), each in a process
+4. Eager random draws, 1000 x 1000 float32 (the book's 12.2(i) draws): ``hb.random.normal``
+   and ``hb.random.uniform`` (compiled from a signature's second call: hybrid/eager_kernels.py)
+   vs NumPy's ``default_rng`` (a sequential stream, not counter-based: beside, not the same
+   numbers), ms per draw.
+5. torch and JAX, the same computations (eager torch; JAX ops without jit), each in a process
    of its own under its own interpreter (``--torch-python`` / ``--jax-python``, or
    ``BENCH_TORCH_PYTHON`` / ``BENCH_JAX_PYTHON``, or the venvs /work/venv-torch and
    /work/venv-jax: see benchmarks/peers.py), with the same inputs and weights; otherwise
@@ -50,6 +54,8 @@ SMOKE = bool(config.get("HYBRID_SMOKE"))
 N_BOOK = 200 if SMOKE else 10_000
 N_OP = 200 if SMOKE else 5_000
 N_MLP = 20 if SMOKE else 1000
+DRAW = 64 if SMOKE else 1000  # the draws' side
+N_DRAW = 3 if SMOKE else 10
 REPS = 1 if SMOKE else 3
 
 # /work/shared/PERF.md (quick run / full run), on a machine like this one: NOT this run.
@@ -197,7 +203,30 @@ def bench_mlp(net, batch):
     return {"hybrid eager": timed(eager, N_MLP), "numpy": timed(by_hand, N_MLP)}, a, weights
 
 
-# ------------------------------------------------------------ 4. peers, when installed
+# ------------------------------------------------------------ 4. random draws
+def bench_draws():
+    """ms per eager 1000 x 1000 float32 draw, hybrid and NumPy."""
+    rng = np.random.default_rng(0)
+
+    def ours(f):
+        def run(n):
+            for _ in range(n):
+                f(size=(DRAW, DRAW)).wait_to_read()
+        return run
+
+    def numpy(f):
+        def run(n):
+            for _ in range(n):
+                f((DRAW, DRAW), dtype=np.float32)
+        return run
+    us = {"normal": timed(ours(hb.random.normal), N_DRAW),
+          "uniform": timed(ours(hb.random.uniform), N_DRAW),
+          "NumPy normal": timed(numpy(rng.standard_normal), N_DRAW),
+          "NumPy uniform": timed(numpy(rng.random), N_DRAW)}
+    return {k: (med / 1e3, best / 1e3) for k, (med, best) in us.items()}
+
+
+# ------------------------------------------------------------ 5. peers, when installed
 def bench_torch(mlp_inputs):
     try:
         import torch  # noqa: PLC0415
@@ -210,6 +239,12 @@ def bench_torch(mlp_inputs):
         for _ in range(n):
             x + 1
     out = {"x + 1 (sync)": timed(add, N_BOOK)}
+    for name, f in (("normal", torch.randn), ("uniform", torch.rand)):
+        def draw(n, f=f):
+            for _ in range(n):
+                f(DRAW, DRAW)
+        med, best = timed(draw, N_DRAW)
+        out[f"{name} {DRAW}x{DRAW}, ms"] = (med / 1e3, best / 1e3)
     for batch, (a, weights) in mlp_inputs.items():
         layers = []
         for i, (w, b) in enumerate(weights):
@@ -347,7 +382,13 @@ def main(argv=None):
               f"ratio {h[0] / r[0]:5.1f}x")
         print(f"             PERF.md peers (NOT this run): {PEER_MLP[batch]}")
 
-    print("\n4. Peers in this run (each in its own process)")
+    draws = bench_draws()
+    print(f"\n4. Eager random draws, {DRAW}x{DRAW} float32, ms per draw")
+    for kind in ("normal", "uniform"):
+        print(f"   hb.random.{kind:8s}{fmt(draws[kind])}   NumPy default_rng "
+              f"{fmt(draws['NumPy ' + kind])}")
+
+    print("\n5. Peers in this run (each in its own process)")
     peer = {}
     for name, part in (("torch", "torch"), ("JAX", "jax")):
         res = run_peer(part, inputs)
@@ -360,11 +401,14 @@ def main(argv=None):
             print(f"   {name:6s}{k:26s}{fmt(v)}")
     t = peer.get("torch")
     if t:
-        print("\n5. Ratios to PyTorch eager, this run (issue 23's target: <= 1.5x)")
+        print("\n6. Ratios to PyTorch eager, this run (issue 23's target: <= 1.5x)")
         print(f"   y = x + 1, synchronous      {book['sync'][0] / t['x + 1 (sync)'][0]:6.2f}x")
         for batch in (1, 64):
             print(f"   MLP b{batch:<3d} eager            "
                   f"{mlp[batch][0] / t[f'MLP b{batch}'][0]:6.2f}x")
+        for kind in ("normal", "uniform"):
+            print(f"   {kind} draw {DRAW}x{DRAW}      "
+                  f"{draws[kind][0] / t[f'{kind} {DRAW}x{DRAW}, ms'][0]:6.2f}x")
     print(f"\n{load()} (at end)")
 
 
