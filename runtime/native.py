@@ -57,6 +57,22 @@ stats = {"compiles": 0, "disk_hits": 0, "ir_generated": 0, "shared_loads": 0, "l
 _keepalive: list = []
 
 
+def _after_fork_in_child():
+    """A child forked while a thread of the parent held a lock here (a compile, or prepare()
+    importing llvmlite) would wait for it forever: that thread does not exist in the child.
+    The child starts with fresh locks; a preparation the parent had not finished is started
+    again by the next compile."""
+    global _lock, _target_lock
+    _lock = threading.RLock()
+    _target_lock = threading.Lock()
+    if not _target:
+        _preparing.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _log():
     return config.logger("compile")  # looked up per use: HYBRID_LOG may change at run time
 

@@ -7,6 +7,8 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 import warnings
 
 import numpy as np
@@ -331,3 +333,45 @@ def test_prepare_reports_nothing_and_target_raises_what_went_wrong(monkeypatch):
     assert len(native._preparing) == 1
     with pytest.raises(ImportError, match="no llvmlite here"):
         native.target()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
+def test_a_child_forked_while_the_target_is_being_made_does_not_hang():
+    """A fork while another thread holds native's locks (prepare() importing llvmlite, a
+    compile): the child gets fresh locks and makes its own target."""
+    held = threading.Event()
+    release = threading.Event()
+
+    def hold():
+        with native._target_lock, native._lock:
+            held.set()
+            release.wait(10)
+    t = threading.Thread(target=hold)
+    t.start()
+    held.wait(10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads running
+        pid = os.fork()
+    if pid == 0:  # the child: both locks usable, the target made
+        code = 1
+        try:
+            with native._lock:
+                native.target()
+            code = 0
+        finally:
+            os._exit(code)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.05)
+        else:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung on a lock held by a thread of its parent")
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    finally:
+        release.set()
+        t.join()
