@@ -78,7 +78,10 @@ def _steps(depth):
         # control flow (issue 22): a scan over the batch's rows carrying a state through a
         # Dense, a data-dependent branch, a loop whose step count depends on the values
         st.tuples(st.just("scan"), st.sampled_from(["tanh", "dense"])),
-        st.tuples(st.just("branch"), st.sampled_from([0.0, 1.0, -2.0])),
+        # (no threshold 0.0: after a BatchNorm a sum is 0 up to rounding noise, whose sign
+        # eager and compiled code need not share, and the branch taken would follow it;
+        # found by the slow run: Dense(1), BatchNorm, branch on a batch of 2)
+        st.tuples(st.just("branch"), st.sampled_from([0.25, 1.0, -2.0])),
         st.tuples(st.just("loop"), st.sampled_from([0.5, 3.0, 50.0])),
     )
     if depth == 0:
