@@ -467,7 +467,7 @@ def _compile(ir_text, name: str, dump, quick: bool = False):
         texts.append(ir_text)
         mod = parse_and_optimize(ir_text)
     else:
-        mods = _pipelined(parse_and_optimize, _keeping(ir_text, texts))
+        mods = _pipelined(parse_and_optimize, _keeping(ir_text, texts) if dump else ir_text)
         mod = mods[0]
         t = time.perf_counter()
         for other in mods[1:]:
@@ -496,6 +496,7 @@ def _optimize(llvm, tm, mod):
 
 
 def _keeping(texts, kept: list):
+    """``texts``, each also appended to ``kept`` as it passes (for a dump)."""
     for text in texts:
         kept.append(text)
         yield text
