@@ -73,7 +73,7 @@ def _compiled_by_size(name, out_specs) -> bool:
     if len(out_specs) != 1:
         return False
     if name in RANDOM_OPS:  # ~15 NumPy ops at any size: one native call pays from 1 element
-        return out_specs[0].dtype != "float16"  # (the draws' own dtypes: float or int)
+        return True
     return name in LARGE_OPS and out_specs[0].dtype in ("float32", "float64") and \
         math.prod(out_specs[0].shape) >= LARGE_MIN
 

@@ -423,6 +423,8 @@ _DRAWS = [
     ("uniform", dict(low=0.0, high=1.0), "float64"),
     ("normal", dict(loc=1.0, scale=2.0), "float32"),
     ("normal", dict(loc=0.0, scale=1.0), "float64"),
+    ("normal", dict(loc=0.0, scale=1.0), "float16"),
+    ("uniform", dict(low=-3.0, high=5.0), "float16"),
     ("randint", dict(low=-5, high=7), "int64"),
     ("randint", dict(low=0, high=255), "int32"),
 ]

@@ -51,7 +51,7 @@ import math
 import numpy as np
 
 from ..ops.core import FLOAT_DTYPES, REGISTRY
-from ..ops.random import GOLDEN
+from ..ops.random import GOLDEN, normal_transform
 from .kernel import RANDOM_OPS, SOURCE_OPS, Call, scalar_arity
 
 FLOATS = frozenset(FLOAT_DTYPES)
@@ -403,29 +403,37 @@ def _random_bits(b, key, stream: int):
     return b.bitxor(z, b.shr(z, 31))
 
 
-def _uniform01(b, key, stream, dtype):
+def _uniform01(b, key, stream, dtype, in_float64=False):
+    """The top 53 (float64) or 24 bits of a draw, times 2^-53 or 2^-24: exact in either
+    precision, so ``in_float64`` computes a float32 draw's value as a float64 directly (the
+    normal draw's transform: a loop without float32 values vectorizes at float64's width)."""
     bits = _random_bits(b, key, stream)
     if dtype == "float64":
-        return b.mul(b.cast(b.shr(bits, 11), "float64"), b.const(1.0 / (1 << 53)))
-    u = b.mul(b.cast(b.shr(bits, 40), "float32"), b.const(1.0 / (1 << 24), "float32"))
+        top = b.cast(b.shr(bits, 11), "int64")
+        return b.mul(b.cast(top, "float64"), b.const(1.0 / (1 << 53)))
+    # (as int32: the same values, and CPUs convert those to floats in vector registers)
+    top = b.cast(b.shr(bits, 40), "int32")
+    if in_float64:
+        return b.mul(b.cast(top, "float64"), b.const(1.0 / (1 << 24), "float64"))
+    u = b.mul(b.cast(top, "float32"), b.const(1.0 / (1 << 24), "float32"))
     return b.cast(u, dtype)
 
 
 def _random_uniform(b, key, shape=(), low=0.0, high=1.0, dtype="float32"):
     u = _uniform01(b, key, 0, dtype if dtype == "float64" else "float32")
-    return b.cast(b.add(b.mul(u, b.const(high - low)), b.const(low)), dtype)
+    out = b.cast(b.add(b.mul(u, b.const(high - low)), b.const(low)), dtype)
+    # rounding to the dtype can reach `high` (float16 always can): [low, high) as eagerly
+    below = np.nextafter(np.asarray(high, dtype), np.asarray(low, dtype))
+    return b.min(out, b.const(float(below), dtype))
 
 
 def _random_normal(b, key, shape=(), loc=0.0, scale=1.0, dtype="float32"):
     work = "float64" if dtype == "float64" else "float32"
-    # The transform runs in float64 for every output dtype: NumPy's float32 log1p/cos take
-    # SIMD loops on some CPUs (AVX-512 Xeons) that differ from libm's by an ulp, so a float32
-    # transform would not draw the same numbers eagerly and compiled; in float64 such an ulp
-    # is lost when rounding to float32.
-    u1 = b.cast(_uniform01(b, key, 0, work), "float64")
-    u2 = b.cast(_uniform01(b, key, 1, work), "float64")
-    r = b.sqrt(b.mul(b.const(-2.0), b.log1p(b.neg(u1))))
-    z = b.mul(r, b.cos(b.mul(b.const(2.0 * math.pi), u2)))
+    # The transform runs in float64 for every output dtype, with basic operations only
+    # (compiler/ops/random.py normal_transform): NumPy, LLVM and CUDA C draw the same bits.
+    u1 = _uniform01(b, key, 0, work, in_float64=True)
+    u2 = _uniform01(b, key, 1, work, in_float64=True)
+    z = normal_transform(b, u1, u2)  # basic operations only: the same bits everywhere
     return b.cast(b.add(b.mul(z, b.const(scale)), b.const(loc)), dtype)
 
 
