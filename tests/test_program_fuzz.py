@@ -280,15 +280,37 @@ def _run(prog: Program, hybridize: bool, device=None):
     return seen, net, args
 
 
+# A gradient element that is rounding noise in both runs: at most this fraction of the call's
+# largest gradient. A gradient that is 0 in exact arithmetic (a BatchNorm's beta feeding
+# another BatchNorm through affine steps: the second removes any shift) comes out as noise
+# from terms ~ that scale, whose value eager and compiled code need not share (found by the
+# slow run: two BatchNorms then a loop, beta's gradient 2.4e-4 vs 4.9e-4 beside 9090).
+NOISE = 1e-5
+
+
+def _assert_gradients_close(h, e, scale, msg):
+    h, e = np.asarray(h), np.asarray(e)
+    close = np.abs(h - e) <= ATOL + RTOL * np.abs(e)
+    noise = (np.abs(e) <= NOISE * scale) & (np.abs(h) <= NOISE * scale)
+    if not np.all(close | noise):
+        np.testing.assert_allclose(h, e, RTOL, ATOL, err_msg=msg)  # (its report)
+
+
 def _compare(prog, eager, hybrid):
     for i, (e, h) in enumerate(zip(eager[:-1], hybrid[:-1])):
         where = f"call {i} ({prog.calls[i]})"
         np.testing.assert_allclose(h[0], e[0], RTOL, ATOL, err_msg=f"{where}: output")
+        grads = [np.abs(v).max() for v in e[1].values() if not isinstance(v, str) and v.size]
+        scale = max(grads, default=0.0)
         for part, name in ((1, "gradient"), (2, "parameter")):
             assert h[part].keys() == e[part].keys(), f"{where}: {name} names"
             for k in e[part]:
                 if isinstance(e[part][k], str):
                     assert h[part][k] == e[part][k], f"{where}: {k}"
+                    continue
+                if part == 1:
+                    _assert_gradients_close(h[part][k], e[part][k], scale,
+                                            f"{where}: {name} {k}")
                     continue
                 np.testing.assert_allclose(h[part][k], e[part][k], RTOL, ATOL,
                                            err_msg=f"{where}: {name} {k}")
