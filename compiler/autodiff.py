@@ -51,9 +51,10 @@ class GraphBuilder:
 def differentiate(graph: Graph, wrt: list[int]):
     """Add gradient nodes for d(outputs)/d(wrt) to a copy of ``graph``.
 
-    Returns (joint, grad_inputs, grads): ``grad_inputs`` are new input nodes holding each
-    output's incoming gradient; ``grads[i]`` is the node of the gradient for ``wrt[i]``
-    (a zero constant where no path exists).
+    Returns (joint, grad_inputs, grads, reached): ``grad_inputs`` are new input nodes holding
+    each output's incoming gradient; ``grads[i]`` is the node of the gradient for ``wrt[i]``
+    (a zero constant where no path exists); ``reached[i]``: whether a path exists (through
+    differentiable ops), as eager autograd's backward reaches an array or not.
     """
     joint = graph.copy()
     b = GraphBuilder(joint)
@@ -103,7 +104,7 @@ def differentiate(graph: Graph, wrt: list[int]):
             spec = graph.spec(w)
             grads.append(b.apply("full", (), {"shape": spec.shape, "value": 0.0,
                                               "dtype": spec.dtype}).id)
-    return joint, grad_inputs, grads
+    return joint, grad_inputs, grads, [w in acc for w in wrt]
 
 
 def _acc(F, acc, nid, g):
@@ -127,12 +128,15 @@ class TrainingGraphs:
     """A forward graph returning outputs + residuals, and the matching backward graph.
 
     backward inputs: residuals (in ``residuals`` order; forward node ids) then one gradient
-    per forward output; backward outputs: one gradient per ``wrt`` entry.
+    per forward output; backward outputs: one gradient per ``wrt`` entry (zeros for one the
+    outputs do not reach: ``reached`` says which, so that a caller can leave it alone, as
+    eager autograd leaves an array its backward never reaches).
     """
     forward: Graph
     backward: Graph
     residuals: list  # forward node ids the backward reads (inputs, params or computed)
     n_outputs: int
+    reached: list = dataclasses.field(default_factory=list)  # per wrt entry
 
 
 def expose_results(graph: Graph) -> Graph:
@@ -155,7 +159,7 @@ def expose_results(graph: Graph) -> Graph:
 def split_joint(graph: Graph, wrt: list[int]) -> TrainingGraphs:
     from .control_flow import training_form  # noqa: PLC0415 - control_flow imports autodiff
     graph = expose_results(training_form(graph))
-    joint, grad_inputs, grads = differentiate(graph, wrt)
+    joint, grad_inputs, grads, reached = differentiate(graph, wrt)
     g = joint.g
     fwd_nodes = set(graph.g.nodes)
     needed = set(grads)
@@ -205,7 +209,7 @@ def split_joint(graph: Graph, wrt: list[int]) -> TrainingGraphs:
         args = [NodeRef(remap[a.id]) if isinstance(a, NodeRef) else a for a in joint.args(n)]
         remap[n] = backward.add_op(d["op"], args, d["attrs"], d.get("where"), d["device"])
     backward.outputs = [remap[gr] for gr in grads]
-    return TrainingGraphs(forward, backward, residuals, len(graph.outputs))
+    return TrainingGraphs(forward, backward, residuals, len(graph.outputs), reached)
 
 
 __all__ = ["Sym", "GraphBuilder", "differentiate", "split_joint", "TrainingGraphs", "Spec"]

@@ -396,7 +396,7 @@ def _vjp_body(body: Body, wrt: list, name: str) -> Body:
     from .autodiff import differentiate  # noqa: PLC0415 - autodiff imports the ops
 
     fwd = body.graph
-    joint, grad_inputs, grads = differentiate(fwd, [fwd.inputs[i] for i in wrt])
+    joint, grad_inputs, grads, _ = differentiate(fwd, [fwd.inputs[i] for i in wrt])
     joint.inputs = list(fwd.inputs) + list(grad_inputs)
     joint.outputs = list(grads)
     joint.name = name

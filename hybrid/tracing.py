@@ -781,13 +781,19 @@ def _run_training(entry, inputs, handles, device, name):
     user_outs = outs[:n_out]
     record_inputs = inputs + handles
 
+    reached = tg.reached
+
     def backward_fn(out_grads):
+        # an input or parameter the outputs do not reach gets no gradient (None), as eagerly:
+        # its .grad keeps what it held (a block whose layer's output is overwritten, unused)
         grads = run_bwd(res + list(out_grads), (), f"{name}_backward")
         result = [None] * len(record_inputs)
         for k, i in enumerate(wrt_in):
-            result[i] = grads[k]
+            if reached[k]:
+                result[i] = grads[k]
         for k, i in enumerate(wrt_par):
-            result[len(inputs) + i] = grads[len(wrt_in) + k]
+            if reached[len(wrt_in) + k]:
+                result[len(inputs) + i] = grads[len(wrt_in) + k]
         return result
 
     record_custom(f"hybridized:{name}", record_inputs, user_outs, backward_fn)

@@ -476,3 +476,44 @@ def test_indices_out_of_range_raise_on_the_cuda_backend(emulated_gpu):
     assert next(iter(emb._cached.entries.values())).backend == "cuda"
     with pytest.raises(IndexError, match="10 is out of bounds for axis 0 with size 10"):
         emb(hb.array([1, 10], dtype="int64", device=emulated_gpu)).asnumpy()
+
+
+# ------------------------------------------------------------------ gradients not reached
+class _Overwritten(nn.HybridBlock):
+    """A layer whose output is overwritten whole: nothing after it depends on it."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Dense(2)
+        self.b = nn.Dense(1)
+
+    def forward(self, x):
+        h = self.a(x) * 1.0
+        h[:] = 2.0
+        return self.b(h)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_parameter_backward_never_reaches_keeps_its_gradient_as_eagerly(backend):
+    """Eager autograd never reaches ``a``'s parameters (their output is overwritten), so their
+    gradients keep what they held; the compiled backward computes zeros for them but leaves
+    them alone too (it used to write the zeros)."""
+    x = hb.array(np.arange(6, dtype=np.float32).reshape(3, 2))
+
+    def run(net):
+        net(x)  # deferred shapes
+        for p in net.a.collect_params().values():
+            p.grad()[:] = 5.0  # what an earlier step left there
+        with autograd.record():
+            loss = (net(x) ** 2).sum()
+        loss.backward()
+        return {k: p.grad().asnumpy() for k, p in net.collect_params().items()}
+    def build():
+        net = _Overwritten()
+        net.initialize()
+        return net
+    eager, hybrid = _both(build, run, backend)
+    assert eager.keys() == hybrid.keys()
+    for k in eager:
+        np.testing.assert_allclose(hybrid[k], eager[k], rtol=1e-6, atol=1e-6, err_msg=k)
+    assert all(np.all(v == 5.0) for k, v in hybrid.items() if k.startswith("a."))

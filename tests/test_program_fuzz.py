@@ -350,6 +350,25 @@ _SETTINGS = dict(deadline=None, database=None, print_blob=True,
                  suppress_health_check=list(HealthCheck))
 
 
+# Programs the slow run found, run by every CI run: the last one was a contract bug (a
+# layer whose output a later block overwrote: its parameters' gradients stayed as they were
+# eagerly, as autograd never reached them, and were zeroed hybridized).
+FOUND = [
+    Program(batch=2, width=5, steps=[("dense", 1, None), ("batchnorm",), ("branch", 0.25)],
+            scalar_arg=None, later=[], calls=["train"], backend="llvm", sizes=None),
+    Program(batch=2, width=1, steps=[("batchnorm",), ("batchnorm",), ("loop", 50.0)],
+            scalar_arg=None, later=[], calls=["train"], backend="llvm", sizes=[6]),
+    Program(batch=2, width=1, steps=[("dense", 1, None)], scalar_arg=None,
+            later=[("write_inter", "cols"), ("dense", 1, None)], calls=["train", "train"],
+            backend="llvm", sizes=None),
+]
+
+
+@pytest.mark.parametrize("prog", FOUND, ids=[f"found{i}" for i in range(len(FOUND))])
+def test_programs_the_slow_run_found(prog):
+    check_program(prog, None)
+
+
 @pytest.mark.timeout(900)  # ~0.3 s a program on 2 cores; the budget is for all of them
 @settings(max_examples=N_PROGRAMS, derandomize=True, **_SETTINGS)
 @given(prog=programs())
