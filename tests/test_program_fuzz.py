@@ -290,25 +290,18 @@ def _run(prog: Program, hybridize: bool, device=None, dtype="float32"):
 NOISE = 1e-5
 
 
-def _assert_gradients_close(h, e, scale, msg):
+def _assert_gradients_close(h, e, scale, msg, rtol, atol):
     h, e = np.asarray(h), np.asarray(e)
-    close = np.abs(h - e) <= ATOL + RTOL * np.abs(e)
+    close = np.abs(h - e) <= atol + rtol * np.abs(e)
     noise = (np.abs(e) <= NOISE * scale) & (np.abs(h) <= NOISE * scale)
     if not np.all(close | noise):
-        np.testing.assert_allclose(h, e, RTOL, ATOL, err_msg=msg)  # (its report)
+        np.testing.assert_allclose(h, e, rtol, atol, err_msg=msg)  # (its report)
 
 
-def _compare(prog, eager, hybrid, rtol=None, atol=None):
-    global RTOL, ATOL
-    if rtol is not None:  # (another tolerance for one comparison: _rounding_only)
-        saved, (RTOL, ATOL) = (RTOL, ATOL), (rtol, atol)
-        try:
-            return _compare(prog, eager, hybrid)
-        finally:
-            RTOL, ATOL = saved
+def _compare(prog, eager, hybrid, rtol=RTOL, atol=ATOL):
     for i, (e, h) in enumerate(zip(eager[:-1], hybrid[:-1])):
         where = f"call {i} ({prog.calls[i]})"
-        np.testing.assert_allclose(h[0], e[0], RTOL, ATOL, err_msg=f"{where}: output")
+        np.testing.assert_allclose(h[0], e[0], rtol, atol, err_msg=f"{where}: output")
         grads = [np.abs(v).max() for v in e[1].values() if not isinstance(v, str) and v.size]
         scale = max(grads, default=0.0)
         for part, name in ((1, "gradient"), (2, "parameter")):
@@ -319,11 +312,11 @@ def _compare(prog, eager, hybrid, rtol=None, atol=None):
                     continue
                 if part == 1:
                     _assert_gradients_close(h[part][k], e[part][k], scale,
-                                            f"{where}: {name} {k}")
+                                            f"{where}: {name} {k}", rtol, atol)
                     continue
-                np.testing.assert_allclose(h[part][k], e[part][k], RTOL, ATOL,
+                np.testing.assert_allclose(h[part][k], e[part][k], rtol, atol,
                                            err_msg=f"{where}: {name} {k}")
-        np.testing.assert_allclose(h[3], e[3], RTOL, ATOL, err_msg=f"{where}: caller's x")
+        np.testing.assert_allclose(h[3], e[3], rtol, atol, err_msg=f"{where}: caller's x")
     np.testing.assert_array_equal(hybrid[-1], eager[-1], err_msg="the random stream after")
 
 
