@@ -11,6 +11,7 @@ import threading
 
 import numpy as np
 
+from compiler.ops.random import draw_key
 from runtime.device import parse_device
 
 from . import _state
@@ -54,7 +55,7 @@ def next_key(device) -> int:
             n = (_seed[0] * 6364136223846793005 + (device.index + 1) * 1442695040888963407
                  + (0 if device.kind == "cpu" else 7)) % (1 << 62)
         _counters[device] = (n + 0x9E3779B97F4A7C15) % (1 << 62)
-    return n
+    return draw_key(n)
 
 
 def key_array(device) -> NDArray:

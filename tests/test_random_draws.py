@@ -82,3 +82,34 @@ def test_hybridized_uniform_draws_stay_below_high_as_eagerly(dtype, low, high, b
     for e, c in zip(eager, compiled):
         np.testing.assert_array_equal(c, e)
         assert c.max() < np.asarray(high, dtype) and c.min() >= low
+
+
+def test_consecutive_draws_share_no_random_bits():
+    """A draw's values are a hash of key + element offset along one Weyl sequence: keys that
+    stepped along that sequence too made later draws repeat earlier ones' values (a uniform
+    draw four draws after another repeated its values). Scrambled keys share none."""
+    from compiler.ops.random import random_bits
+    hb.random.seed(3)
+    bits = [random_bits(np, hb.random.next_key(hb.cpu()), 512, stream)
+            for _ in range(64) for stream in (0, 1)]
+    allbits = np.concatenate(bits)
+    assert np.unique(allbits).size == allbits.size
+
+
+@pytest.mark.parametrize("hybridize", [False, True])
+def test_a_loop_of_draws_repeats_no_value(hybridize):
+    """The user's view of the same: float64 draws in a loop, eager or from a hybridized
+    block (its keys come from the same stream), never repeat a value."""
+    class Draw(nn.HybridBlock):
+        def forward(self, x):
+            return hb.np.random.uniform(size=(4, 6), dtype="float64") + x * 0
+
+    net = Draw()
+    if hybridize:
+        net.hybridize()
+    hb.random.seed(7)
+    x = hb.np.zeros((4, 6), dtype="float64")
+    seen = np.concatenate([net(x).asnumpy().ravel() for _ in range(40)] +
+                          [hb.np.random.normal(size=7, dtype="float64").asnumpy()
+                           for _ in range(40)])
+    assert np.unique(seen).size == seen.size

@@ -15,6 +15,24 @@ from .core import OpError, Spec, check_dtype, dtype_name, register
 GOLDEN = 0x9E3779B97F4A7C15
 
 
+_M64 = (1 << 64) - 1
+
+
+def draw_key(counter: int) -> int:
+    """The 62-bit key of a stream's draw number ``counter``: SplitMix64's finalizer of it.
+
+    A draw's values are the finalizer of ``key + m * GOLDEN`` (m from the element index): keys
+    that stepped by GOLDEN themselves would put consecutive draws on one Weyl sequence, a few
+    elements apart, and a later draw would repeat an earlier one's values (seen: a uniform
+    draw repeated values of the one drawn four draws before). Scrambled keys start each draw
+    at an unrelated point of the 2^64-long sequence (SplitMix's own split): two draws of n
+    elements overlap with probability ~4n / 2^62."""
+    z = counter & _M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return (z ^ (z >> 31)) >> 2  # non-negative in an int64
+
+
 def random_bits(xp, key, n: int, stream: int):
     """n uint64 values for (key, stream); key is a uint64 0-d array or int."""
     idx = xp.arange(n, dtype="uint64")
