@@ -135,6 +135,15 @@ def main(argv=None):
     dev = hb.gpu(0)
     x = hb.ones((256,), device=dev)
     profile("eager y = x + 1", lambda: x + 1, 300, out)
+    w = hb.random.normal(size=(1000, 1000), device=dev)
+
+    def draw_and_multiply():  # the book's 12.2 loop body
+        return hb.np.dot(hb.random.normal(size=(1000, 1000), device=dev), w)
+    profile("eager 1000x1000 normal draw + matmul (12.2)", draw_and_multiply, 50, out)
+    eager_mlp = models.mlp((256, 128), 2)
+    eager_mlp.initialize(hb.init.Xavier(), device=dev)
+    x1e = hb.random.normal(size=(1, 512), device=dev)
+    profile("eager MLP b1 forward", lambda: eager_mlp(x1e), 200, out, top=30)
 
     net = models.mlp(256, 10)
     net.initialize(hb.init.Xavier(), device=dev)

@@ -16,6 +16,12 @@ one-node graph, compiles it through ``compiler.pipeline.compile(graph, "llvm")``
 code cache makes that a disk hit in a later process) and runs the executable from then on.
 A compile that fails falls back to NumPy for good, logged on ``HYBRID_LOG=compile``.
 
+On a GPU only the random draws compile (``GPU_OPS``), through the CUDA backend for that GPU
+(one kernel per draw where CuPy runs the generator as ~20 elementwise kernels, each a launch
+and a pass over the array: the book's 12.2 draws); CuPy's other ops are one kernel or one
+cuBLAS call already. Signatures key their cache entry by device there, so each GPU (and the
+CPU) holds its own executable.
+
 Measured (LeNet's shapes at batch 256, this 2-vCPU VM): conv2d 256x6x14x14 NumPy 30 ms ->
 3.3 ms compiled, sigmoid of 1.2M floats 14 -> 0.9 ms; ``HYBRID_EAGER_KERNELS=0`` turns them
 off.
@@ -46,6 +52,8 @@ LARGE_OPS = frozenset(("sigmoid", "tanh", "exp", "log", "erf"))
 # functions): measured at 1000 x 1000, uniform 13.6 -> 0.6 ms, normal 77 -> 26 ms (its libm
 # log1p and cos per element are most of what is left); a (2, 3) draw ~40 -> ~25 us
 RANDOM_OPS = frozenset(("random_uniform", "random_normal", "random_randint"))
+# the ops compiled on a GPU (the random draws: see the module's docstring)
+GPU_OPS = RANDOM_OPS
 LARGE_MIN = 1 << 14
 MIN_CALLS = 2  # a signature compiles on its call number MIN_CALLS; earlier calls run NumPy
 # A small random draw saves ~50 us a call but its compile costs ~50-100 ms with an empty
@@ -55,10 +63,16 @@ SMALL_DRAW_CALLS = 16
 stats = {"compiles": 0, "native_calls": 0, "numpy_calls": 0, "failures": 0}
 
 
-def kernel_for(name, args, attrs, out_specs, fallback):
-    """The eager kernel ``run(xp, args, attrs)`` for this signature: ``fallback`` (NumPy)
-    unless ``name`` is one of COMPILED_OPS (HYBRID_EAGER_KERNELS is read at every call)."""
-    if name not in COMPILED_OPS and not _compiled_by_size(name, out_specs):
+def kernel_for(name, args, attrs, out_specs, fallback, device=None):
+    """The eager kernel ``run(xp, args, attrs)`` of this signature on ``device`` (None: the
+    CPU): ``fallback`` (NumPy, or CuPy on a GPU) unless the op compiles there (COMPILED_OPS,
+    LARGE_OPS by size, RANDOM_OPS; on a GPU, GPU_OPS). HYBRID_EAGER_KERNELS is read at every
+    call."""
+    on_gpu = device is not None and device.kind == "gpu"
+    if on_gpu:
+        if name not in GPU_OPS:
+            return fallback
+    elif name not in COMPILED_OPS and not _compiled_by_size(name, out_specs):
         return fallback
     operands = []
     for a in args:
@@ -66,7 +80,8 @@ def kernel_for(name, args, attrs, out_specs, fallback):
         if shape is None or not hasattr(a, "_dtype"):
             return fallback  # a scalar operand: none of these ops takes one
         operands.append((tuple(shape), a._dtype))
-    return CompiledKernel(name, operands, dict(attrs), out_specs, fallback)
+    return CompiledKernel(name, operands, dict(attrs), out_specs, fallback,
+                          device if on_gpu else None)
 
 
 def _compiled_by_size(name, out_specs) -> bool:
@@ -79,17 +94,19 @@ def _compiled_by_size(name, out_specs) -> bool:
 
 
 class CompiledKernel:
-    """One signature's kernel: NumPy for its first calls, then the compiled executable."""
+    """One signature's kernel on one device: the array module's implementation for its first
+    calls, then the compiled executable (LLVM on the CPU, CUDA C on ``gpu``)."""
 
     __slots__ = ("name", "operands", "attrs", "out_specs", "fallback", "calls", "exe", "lock",
-                 "min_calls")
+                 "min_calls", "gpu")
 
-    def __init__(self, name, operands, attrs, out_specs, fallback):
+    def __init__(self, name, operands, attrs, out_specs, fallback, gpu=None):
         self.name = name
         self.operands = operands
         self.attrs = attrs
         self.out_specs = out_specs
         self.fallback = fallback
+        self.gpu = gpu  # the GPU Device it runs on; None: the CPU
         self.calls = 0
         small = math.prod(out_specs[0].shape) < LARGE_MIN
         self.min_calls = SMALL_DRAW_CALLS if small and name in RANDOM_OPS else MIN_CALLS
@@ -100,26 +117,30 @@ class CompiledKernel:
         exe = self.exe
         if not _flag("HYBRID_EAGER_KERNELS"):
             exe = None
-        elif exe is None and xp is np:
+        elif exe is None:
             self.calls += 1
             if self.calls >= self.min_calls:
                 exe = self.build()
-        if not exe or xp is not np:
+        if not exe:
             stats["numpy_calls"] += 1
             return self.fallback(xp, args, attrs)
         stats["native_calls"] += 1
-        return tuple(exe.run(np, [np.ascontiguousarray(a) for a in args], []))
+        if self.gpu is None:
+            return tuple(exe.run(np, [np.ascontiguousarray(a) for a in args], []))
+        return tuple(exe.run(xp, list(args), []))  # queued on the GPU's compute stream
 
     def build(self):
         with self.lock:
             if self.exe is None:
                 try:
-                    self.exe = compile_op(self.name, self.operands, self.attrs)
+                    self.exe = compile_op(self.name, self.operands, self.attrs, self.gpu)
                     stats["compiles"] += 1
-                except Exception as exc:  # noqa: BLE001 - NumPy still computes it
+                except Exception as exc:  # noqa: BLE001 - the array module still computes it
                     stats["failures"] += 1
-                    _log.info("eager %s%s: no compiled kernel (%s: %s); NumPy runs it",
-                              self.name, self.operands, type(exc).__name__, exc)
+                    _log.info("eager %s%s on %s: no compiled kernel (%s: %s); %s runs it",
+                              self.name, self.operands, self.gpu or "cpu",
+                              type(exc).__name__, exc, "NumPy" if self.gpu is None
+                              else "the GPU's array module")
                     self.exe = False
                 else:
                     specs = [tuple(s.shape) for s in self.exe.out_specs]
@@ -128,14 +149,16 @@ class CompiledKernel:
         return self.exe
 
 
-def compile_op(name, operands, attrs):
-    """An LLVM executable for one op applied to fresh inputs of the given (shape, dtype)."""
+def compile_op(name, operands, attrs, gpu=None):
+    """An executable for one op applied to fresh inputs of the given (shape, dtype): LLVM for
+    the CPU, or CUDA C for the GPU Device ``gpu``."""
     from compiler import pipeline  # noqa: PLC0415 - the compiler loads on first use
     from compiler.graph import Graph, NodeRef  # noqa: PLC0415
     from compiler.ops import Spec  # noqa: PLC0415
 
+    where = str(gpu) if gpu is not None else "cpu(0)"
     g = Graph(f"eager_{name}")
-    ins = [NodeRef(g.add_input(Spec(shape, dtype), f"x{i}"))
+    ins = [NodeRef(g.add_input(Spec(shape, dtype), f"x{i}", device=where))
            for i, (shape, dtype) in enumerate(operands)]
-    g.outputs = [g.add_op(name, ins, attrs)]
-    return pipeline.compile(g, "llvm")
+    g.outputs = [g.add_op(name, ins, attrs, device=where)]
+    return pipeline.compile(g, "llvm" if gpu is None else "cuda", gpu)

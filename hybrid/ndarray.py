@@ -512,6 +512,9 @@ def _eager(name, args, attrs):
                             f"(at {_fmt(user_frame())})")
     if device is None:
         device = _canon_device(current_device())
+    on_cpu = device.kind == "cpu"
+    if not on_cpu:  # a GPU's signature has its own entry: its compiled eager kernels
+        key.append(device)  # are that GPU's (eager_kernels)
     if attrs:
         akey = attrs_key(attrs)
         entry = None
@@ -531,9 +534,9 @@ def _eager(name, args, attrs):
             except KeyError:  # evicted meanwhile by another front-end thread
                 pass
     else:
-        entry = _infer_entry(name, args, attrs, key if akey is not None else None)
+        entry = _infer_entry(name, args, attrs, key if akey is not None else None, device)
     specs, small, kernel = entry
-    if device.kind == "cpu" and (ready or not small):
+    if on_cpu and (ready or not small):
         # The caller's path: a small op whose inputs are computed runs right here while its
         # device is idle, without an engine op. Buffers are immutable and the outputs fresh,
         # so no queued op can be ordered before or after it: the engine would run it in
@@ -622,10 +625,10 @@ def _long_in_caller(entry, device, engine) -> bool:
     return _dispatch.long_call_direct(id(entry), device, engine, eager=True)
 
 
-def _infer_entry(name, args, attrs, key):
-    """(output Specs, may-run-inline, kernel) of a signature not in the cache: inferred (a
-    refused call raises OpError naming the user's line), and cached under ``key`` (None:
-    an attribute that is no plain value, never cached)."""
+def _infer_entry(name, args, attrs, key, device):
+    """(output Specs, may-run-inline, kernel) of a signature not in the cache on ``device``:
+    inferred (a refused call raises OpError naming the user's line), and cached under ``key``
+    (None: an attribute that is no plain value, never cached)."""
     try:
         specs = infer_types(name, args, attrs)
     except OpError as exc:
@@ -633,7 +636,7 @@ def _infer_entry(name, args, attrs, key):
     specs = tuple(Spec(tuple(s.shape), s.dtype) for s in specs)
     kernel = eager_kernel(name, specs)
     if key is not None:  # a cached signature may get a compiled kernel (eager_kernels)
-        kernel = _kernel_for(name, args, attrs, specs, kernel)
+        kernel = _kernel_for(name, args, attrs, specs, kernel, device)
     entry = (specs, _may_inline(_get_op(name), args, specs), kernel)
     if key is not None:
         _INFER.put(key, entry)

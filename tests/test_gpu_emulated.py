@@ -482,6 +482,78 @@ def test_mlp_trained_eagerly_on_gpu0_equals_cpu0(eager_kernels, monkeypatch):
             _close(g_, c)
 
 
+_GPU_DRAWS = [("normal", dict(loc=1.0, scale=2.0), "float32"),
+              ("uniform", dict(low=-3.0, high=5.0), "float32"),
+              ("normal", dict(loc=0.0, scale=1.0), "float64"),
+              ("randint", dict(low=-5, high=7), "int64")]
+
+
+@pytest.mark.parametrize("kind,attrs,dtype", _GPU_DRAWS,
+                         ids=[f"{k}-{d}" for k, _, d in _GPU_DRAWS])
+def test_eager_draws_on_a_gpu_run_its_compiled_cuda_kernel(kind, attrs, dtype, monkeypatch):
+    """A GPU's eager draw compiles to one CUDA kernel for that GPU (from its signature's
+    second call at this size), where the array module runs ~20 kernels: the numbers of the
+    generator's NumPy implementation for the same keys (bit for bit on the emulator, which
+    builds without contraction; to rounding on a real GPU, whose compiler contracts
+    multiply-adds), and the CPU's signature keeps its own LLVM kernel."""
+    from compiler.ops.random import _normal_impl, _randint_impl, _uniform_impl
+    from hybrid import eager_kernels
+    impl = {"uniform": _uniform_impl, "normal": _normal_impl, "randint": _randint_impl}[kind]
+    built = []
+    compile_op = eager_kernels.compile_op
+    monkeypatch.setattr(eager_kernels, "compile_op", lambda name, operands, attrs, gpu=None:
+                        built.append(gpu) or compile_op(name, operands, attrs, gpu))
+    draw = getattr(hb.random, kind)
+    dev, shape = hb.gpu(0), (131, 127)  # >= LARGE_MIN elements, odd extents
+    hb.random.seed(21)
+    keys = [hb.random.next_key(dev) for _ in range(4)]
+    hb.random.seed(21)
+    for key in keys:
+        got = draw(size=shape, dtype=dtype, device=dev, **attrs)
+        assert got.device == dev
+        want = impl(np, np.int64(key), shape, dtype=dtype, **attrs)
+        assert got.dtype == want.dtype
+        if REAL and kind == "normal":
+            np.testing.assert_allclose(got.asnumpy(), want, rtol=1e-5, atol=1e-6)
+        else:
+            np.testing.assert_array_equal(got.asnumpy(), want)
+    assert built == [dev], "the GPU's draw did not compile for it"
+    for _ in range(2):
+        draw(size=shape, dtype=dtype, device=hb.cpu(0), **attrs).wait_to_read()
+    assert built == [dev, None], "the CPU's signature shares the GPU's kernel"
+
+
+def test_gpu_draws_write_their_keys_on_the_gpu_without_an_upload(monkeypatch):
+    """A random op's key reaches a GPU as a fill kernel's argument on its compute stream
+    (eagerly and for a hybridized call's key inputs): no host upload (a pinned buffer, a
+    copy and a copy-stream sync per draw), and the draws are the stream's as before."""
+    from runtime import transfer
+
+    class Noisy(nn.HybridBlock):
+        def forward(self, x):
+            return x + hb.np.random.normal(size=x.shape, device=x.device)
+
+    dev = hb.gpu(0)
+    x = hb.np.zeros((3, 4), device=dev)
+    net = Noisy()
+    net.hybridize(backend="cuda")
+    net(x).wait_to_read()  # the trace's own call
+    uploads = []
+    upload = transfer.upload
+    monkeypatch.setattr(transfer, "upload", lambda host, device, *a, **k:
+                        uploads.append(device) or upload(host, device, *a, **k))
+    hb.random.seed(5)
+    keys = [hb.random.next_key(dev) for _ in range(2)]
+    hb.random.seed(5)
+    eager = hb.random.normal(size=(3, 4), device=dev).asnumpy()
+    hybridized = net(x).asnumpy()
+    assert [d for d in uploads if d.kind == "gpu"] == []
+    from compiler.ops.random import _normal_impl
+    for got, key in zip((eager, hybridized), keys):
+        np.testing.assert_allclose(got, _normal_impl(np, np.int64(key), (3, 4)), rtol=1e-5,
+                                   atol=1e-6)
+
+
 def test_two_gpus_split_and_load_with_device_kvstore_equal_one_device():
     """Section 12.6 on two GPUs: each takes half the batch, Trainer(kvstore="device") sums the
     two GPUs' gradients (ring allreduce / reduce over GPU copies), both keep equal weights."""
