@@ -13,6 +13,7 @@ import numpy as np
 
 from compiler.ops.random import draw_key
 from runtime.device import parse_device
+from runtime.memory import Buffer
 
 from . import _state
 from .ndarray import NDArray, _from_numpy, apply, array
@@ -65,8 +66,20 @@ def key_array(device) -> NDArray:
     if _state.tracing():
         from .tracing import random_key  # noqa: PLC0415 - tracing imports this module
         return random_key(device)
+    return device_key(next_key(device), device)
+
+
+def device_key(key: int, device) -> NDArray:
+    """``key`` as the 0-d int64 array a random op reads on ``device``."""
+    if device.kind == "gpu":
+        # written by a fill kernel on the GPU's compute stream, the key its argument: an
+        # upload would take a pinned buffer, a copy and a copy-stream sync on every draw
+        # (most of an eager GPU draw's time); kernels queued after it see it in stream order
+        with device.activate():
+            return NDArray(Buffer(device.xp.full((), key, dtype=np.int64)), (), "int64",
+                           device)
     # (array()'s intake checks are for user data: a key is a 62-bit int64 by construction)
-    return _from_numpy(np.array(next_key(device), dtype=np.int64), device)
+    return _from_numpy(np.array(key, dtype=np.int64), device)
 
 
 def _shape(size):

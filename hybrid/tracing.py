@@ -717,10 +717,10 @@ def _run(entry: Compiled, leaves, name):
 def _keys(entry):
     """One key array per random op: the tracing call's own keys once (taken from the stream
     where eager would take them), then the stream's next keys, in program order."""
-    from .random import next_key  # noqa: PLC0415
+    from .random import device_key, next_key  # noqa: PLC0415
     first, entry.first_keys = entry.first_keys, []
     keys = first or [next_key(d) for d in entry.key_devices]
-    return [array(np.int64(k), dtype="int64", device=d) for k, d in zip(keys, entry.key_devices)]
+    return [device_key(k, d) for k, d in zip(keys, entry.key_devices)]
 
 
 _SINGLE = ("a",)
