@@ -101,3 +101,53 @@ def test_training_step_through_the_blas_equals_the_generated_kernels(emulated_gp
     assert len(blas_calls) == n
     for p, q in zip(with_blas, kernels):
         np.testing.assert_allclose(p, q, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_convolutions_as_im2col_and_blas_train_as_on_the_cpu(emulated_gpu, blas_calls, dtype):
+    """Convolutions (padded 3x3, strided, 1x1) run as im2col + GEMM on the GPU: forward,
+    data and weight gradients each ask the BLAS for their product (the forward's batched
+    over the images, the weight gradient's one product as deep as the batch), and three
+    training steps equal eager ones (NumPy's convolutions; the same initial weights), with the
+    BLAS and with the generated GEMM alike."""
+    from hybrid import autograd, nn
+
+    def train(flag=1, hybridize=True):
+        device = emulated_gpu
+        config.set_flag("HYBRID_CUDA_BLAS", flag)
+        hb.random.seed(0)
+        net = nn.HybridSequential()
+        net.add(nn.Conv2D(4, kernel_size=3, padding=1, in_channels=3, activation="relu"),
+                nn.Conv2D(6, kernel_size=3, strides=2, padding=1, in_channels=4),
+                nn.Conv2D(5, kernel_size=1, in_channels=6, activation="tanh"),
+                nn.Dense(3))
+        net.initialize(hb.init.Xavier(), device=device)
+        net.cast(dtype)
+        if hybridize:
+            net.hybridize(backend="cuda")
+        tr = hb.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1})
+        rng = np.random.default_rng(1)
+        for _ in range(3):
+            x = hb.array(rng.standard_normal((4, 3, 9, 7)), dtype=dtype, device=device)
+            with autograd.record():
+                loss = (net(x) ** 2).sum()
+            loss.backward()
+            tr.step(4)
+        return [p.data().asnumpy() for p in net.collect_params().values()]
+
+    graphs = config.set_flag("HYBRID_CUDA_GRAPHS", 0)  # (a captured graph runs no BLAS)
+    try:
+        eager = train(hybridize=False)
+        with_blas = train()
+        kernels = train(0)
+    finally:
+        config.set_flag("HYBRID_CUDA_GRAPHS", graphs)
+    products = {(s.m, s.n, s.k, s.batch) for s in blas_calls}
+    assert (4, 9 * 7, 3 * 9, 4) in products, "the first convolution's forward"
+    assert (6, 3 * 3 * 4, 4 * 5 * 4, 1) in products, "the strided one's weight gradient"
+    assert (3 * 3 * 4, 5 * 4, 6, 4) in products, "the strided one's data gradient"
+    assert (6, 5 * 4, 5, 4) in products, "the 1x1 convolution's data gradient"
+    tol = dict(rtol=1e-4, atol=1e-5) if dtype == "float32" else dict(rtol=1e-10, atol=1e-12)
+    for p, q, c in zip(with_blas, kernels, eager):
+        np.testing.assert_allclose(p, c, **tol)
+        np.testing.assert_allclose(q, c, **tol)

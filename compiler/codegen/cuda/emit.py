@@ -24,6 +24,7 @@ def emit_cuda(program: Program, name: str = "program") -> CudaSource:
     """The CUDA source of ``program`` and the launches that run it."""
     program.validate()
     mw = ModuleWriter(program, name)
+    conv.reserve_scratch(mw)
     for k, step in enumerate(program.steps):
         mw.step = k
         if isinstance(step, LoopKernel):

@@ -157,23 +157,33 @@ def _matmul(mw: ModuleWriter, step):
         raise KernelIRError(f"the CUDA matmul handles at most two broadcast batch groups; "
                             f"{A.shape} @ {B.shape} has {len(groups)}")
     groups = [(1, 0, 0)] * (2 - len(groups)) + groups
+    emit_gemm(mw, (A.dtype, B.dtype, C.dtype), ta, tb, m, n, k, A.shape[-1], B.shape[-1], z,
+              groups, [KernelArg("slot", slot=x) for x in (sa, sb, so)])
+
+
+def emit_gemm(mw: ModuleWriter, dtypes, ta: bool, tb: bool, m: int, n: int, k: int, lda: int,
+              ldb: int, z: int, groups, operands):
+    """Launch C[z] = op(A[z]) @ op(B[z]) (row-major; C dense, m * n apart): the generated
+    kernel, carrying the BLAS's description where it applies. ``groups``: the two batch
+    groups ((z0, A stride, B stride), (z1, A stride, B stride)), z = z0 * z1; ``operands``:
+    the KernelArgs of A, B and C (slots, or workspace: convolutions' im2col matrices)."""
+    a_dt, b_dt, c_dt = dtypes
     (_, a0, b0), (z1, a1, b1) = groups
-    kernel = gemm_kernel(mw, A.dtype, B.dtype, C.dtype, ta, tb)
-    lda, ldb = A.shape[-1], B.shape[-1]
+    kernel = gemm_kernel(mw, a_dt, b_dt, c_dt, ta, tb)
 
     def scalar(ct, v):
         return KernelArg("scalar", ctype=ct, value=int(v))
-    args = [KernelArg("slot", slot=sa), KernelArg("slot", slot=sb), KernelArg("slot", slot=so),
-            scalar("int", m), scalar("int", n), scalar("int", k), scalar("long long", lda),
-            scalar("long long", ldb), scalar("int", z), scalar("int", z1),
-            scalar("long long", a0), scalar("long long", a1), scalar("long long", b0),
-            scalar("long long", b1)]
+    args = list(operands) + [
+        scalar("int", m), scalar("int", n), scalar("int", k), scalar("long long", lda),
+        scalar("long long", ldb), scalar("int", z), scalar("int", z1),
+        scalar("long long", a0), scalar("long long", a1), scalar("long long", b0),
+        scalar("long long", b1)]
     grid = (min(ceil_div(n, TILE), GRID_YZ_LIMIT), min(ceil_div(m, TILE), GRID_YZ_LIMIT),
             min(z, GRID_YZ_LIMIT))
     # the BLAS takes one float dtype throughout and one batch stride (after merging)
     blas = ()
-    if A.dtype == B.dtype == C.dtype and C.dtype in BLAS_DTYPES and z == z1:
-        blas = (C.dtype, ta, tb, m, n, k, lda, ldb, z, a1, b1)
+    if a_dt == b_dt == c_dt and c_dt in BLAS_DTYPES and z == z1:
+        blas = (c_dt, ta, tb, m, n, k, lda, ldb, z, a1, b1)
     mw.launch(kernel, grid, THREADS, args, blas=blas)
 
 

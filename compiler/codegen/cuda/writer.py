@@ -81,6 +81,7 @@ class ModuleWriter:
         self.kernels: list = []
         self.launches: list = []
         self.workspace_bytes = 0
+        self.conv_scratch = None  # the convolutions' im2col scratch (conv.reserve_scratch)
         self.step = -1
 
     def define(self, name: str, make_text, kernel: bool = False) -> str:
