@@ -29,7 +29,7 @@ conv_geometry, as on every target.
 from __future__ import annotations
 
 from ..extern_plan import conv_geometry
-from .matmul import BLAS_DTYPES, emit_gemm
+from .matmul import BLAS_DTYPES, TILE, emit_gemm
 from .reduction import block_reduce_fn
 from .scalar import load_expr, mem_ctype, store_acc
 from .source import KernelArg
@@ -59,6 +59,21 @@ def _geometry(prog, step):
     return conv_geometry(a.shape, out.shape, step.attr_dict), a.dtype  # (X, gY) -> dW
 
 
+# The weight gradient's product is as deep as the batch; where its O x K output has few
+# tiles, it is split over groups of images into partial products (summed after), so that
+# about this many tiles run at once: one tile would be one block doing all the work when the
+# generated GEMM runs it (a captured CUDA graph, HYBRID_CUDA_BLAS=0)
+TARGET_TILES = 256
+
+
+def weight_grad_chunks(g) -> int:
+    """Image groups of the weight gradient's partial products: a divisor of N (every
+    product equally deep), as many as bring O x K's tiles to about TARGET_TILES."""
+    tiles = ceil_div(g["o"], TILE) * ceil_div(g["c"] * g["kh"] * g["kw"], TILE)
+    want = min(g["n"], max(1, ceil_div(TARGET_TILES, tiles)))
+    return max(d for d in range(1, want + 1) if g["n"] % d == 0)
+
+
 def scratch_elements(op: str, g, dt: str):
     """Elements of im2col scratch a convolution step takes, or None: its direct kernels
     (float16, groups, empty, or past SCRATCH_CAP)."""
@@ -67,7 +82,10 @@ def scratch_elements(op: str, g, dt: str):
     k, npos = g["c"] * g["kh"] * g["kw"], g["n"] * g["oh"] * g["ow"]
     if k * npos == 0:
         return None
-    count = k * npos + (g["o"] * npos if op == "conv2d_grad_weight" else 0)
+    count = k * npos
+    if op == "conv2d_grad_weight":  # gY permuted, and the partial products
+        chunks = weight_grad_chunks(g)
+        count += g["o"] * npos + (g["o"] * k * chunks if chunks > 1 else 0)
     itemsize = 8 if dt == "float64" else 4
     return count if count * itemsize <= SCRATCH_CAP else None
 
@@ -162,9 +180,26 @@ def _conv2d_grad_weight_gemm(mw, step, g, dt):
         dst = kw.workspace(gyt, mem_ctype(dt))
         o, n, q = decompose(code, it, "i", (g["o"], g["n"], p), ("o", "n", "q"))
         code.line(f"{dst}[i] = {kw.ptr(sg)}[(({it}){n} * {g['o']} + {o}) * {p} + {q}];")
-    # gW (O x K) = gY' (O x N*P) @ col^T: one product, its depth the whole batch
-    emit_gemm(mw, (dt, dt, dt), False, True, g["o"], k, npos, npos, npos, 1,
-              [(1, 0, 0), (1, 0, 0)], [_ws(gyt), _ws(col), KernelArg("slot", slot=so)])
+    # gW (O x K) = gY' (O x N*P) @ col^T, as deep as the batch: one product, or partial
+    # products over groups of images (column blocks of gY' and col) summed in order
+    chunks = weight_grad_chunks(g)
+    depth = npos // chunks
+    out = KernelArg("slot", slot=so)
+    if chunks > 1:
+        partial = gyt + g["o"] * npos * (8 if dt == "float64" else 4)
+        out = _ws(partial)
+    emit_gemm(mw, (dt, dt, dt), False, True, g["o"], k, depth, npos, npos, chunks,
+              [(1, 0, 0), (chunks, depth, depth)], [_ws(gyt), _ws(col), out])
+    if chunks > 1:
+        acc_t = ACC[dt][0]
+        total = g["o"] * k
+        with grid_stride_kernel(mw, "sum_partials", total, total * chunks) as (kw, it):
+            code = kw.code
+            src = kw.workspace(partial, mem_ctype(dt))
+            code.line(f"{acc_t} acc = 0;")
+            with code.block(f"for (int z = 0; z < {chunks}; ++z)"):
+                code.line(f"acc += ({acc_t}){src}[({it})z * {total} + i];")
+            code.line(f"{kw.ptr(so, write=True)}[i] = {store_acc(dt, 'acc')};")
 
 
 def _gemm_path(mw, step, g, dt) -> bool:
