@@ -54,6 +54,7 @@ _loaded: dict = {}  # cache digest -> NativeModule (one MCJIT engine per distinc
 stats = {"compiles": 0, "disk_hits": 0, "ir_generated": 0, "shared_loads": 0, "links": 0}
 # Engines are never disposed: machine code must outlive every function pointer handed out
 # (and disposing an MCJIT engine that was fed an object file crashes in llvmlite 0.50).
+# MCJIT engines are let go of once loaded (_load); shared libraries are kept here.
 _keepalive: list = []
 
 
@@ -545,7 +546,6 @@ def _load(obj: bytes, entries, globals_=(), optional_globals=()):
     engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), tm)
     engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
     engine.finalize_object()
-    _keepalive.append(engine)
     addresses = {}
     for sym in entries:
         addr = engine.get_function_address(sym)
@@ -561,7 +561,13 @@ def _load(obj: bytes, entries, globals_=(), optional_globals=()):
         addr = engine.get_global_value_address(sym)
         if addr:
             addresses[sym] = addr
-    return engine, addresses
+    # Never disposed (see _keepalive), and nothing else is asked of it: the Python wrapper
+    # lets go of the engine, so that no __del__ tries to dispose it while the interpreter
+    # tears llvmlite down (llvmlite skips that only where its own atexit hook ran, which a
+    # first import from a background thread during exit misses: "Exception ignored in
+    # ObjectRef.__del__" at the end of a script whose last op compiled)
+    engine.detach()
+    return None, addresses
 
 
 # ------------------------------------------------------- shared libraries (no llvmlite)
