@@ -28,6 +28,8 @@ conv_geometry, as on every target.
 """
 from __future__ import annotations
 
+import contextlib
+
 from ..extern_plan import conv_geometry
 from .matmul import BLAS_DTYPES, TILE, emit_gemm
 from .reduction import block_reduce_fn
@@ -147,7 +149,7 @@ def _conv2d_grad_data_gemm(mw, step, g, dt):
               [(1, 0, 0), (g["n"], 0, g["o"] * p)],
               [KernelArg("slot", slot=sw_), KernelArg("slot", slot=sg), _ws(colg)])
     acc_t = ACC[dt][0]
-    (sh, sw), (ph, pw), (dh, dw) = g["stride"], g["pad"], g["dil"]
+    sh, sw = g["stride"]
     total = g["n"] * g["c"] * g["h"] * g["w"]
     with grid_stride_kernel(mw, "col2im", total, g["n"] * k * p) as (kw, it):
         code = kw.code
@@ -155,16 +157,26 @@ def _conv2d_grad_data_gemm(mw, step, g, dt):
         n, c, ih, iw = decompose(code, it, "i", (g["n"], g["c"], g["h"], g["w"]),
                                  ("n", "c", "ih", "iw"))
         code.line(f"{acc_t} acc = 0;")
-        code.line(f"const {it} base = (({it}){n} * {k} + ({it}){c} * {g['kh'] * g['kw']}) * {p};")
-        with code.block(f"for (int a = 0; a < {g['kh']}; ++a)"):
-            code.line(f"const int ty = (int){ih} + {ph} - a * {dh};")
-            code.line(f"if (ty < 0 || ty % {sh} != 0 || ty / {sh} >= {g['oh']}) continue;")
-            with code.block(f"for (int b = 0; b < {g['kw']}; ++b)"):
-                code.line(f"const int tx = (int){iw} + {pw} - b * {dw};")
-                code.line(f"if (tx < 0 || tx % {sw} != 0 || tx / {sw} >= {g['ow']}) continue;")
-                ci = f"base + (a * {g['kw']} + b) * {p} + (ty / {sh}) * {g['ow']} + tx / {sw}"
-                code.line(f"acc += ({acc_t}){src}[{ci}];")
+        code.line(f"const {it} base = (({it}){n} * {k} + ({it}){c} * {g['kh'] * g['kw']})"
+                  f" * {p};")
+        with _taps_reaching(code, g, ih, iw):
+            ci = f"base + (a * {g['kw']} + b) * {p} + (ty / {sh}) * {g['ow']} + tx / {sw}"
+            code.line(f"acc += ({acc_t}){src}[{ci}];")
         code.line(f"{kw.ptr(so, write=True)}[i] = {store_acc(dt, 'acc')};")
+
+
+@contextlib.contextmanager
+def _taps_reaching(code, g, ih: str, iw: str):
+    """Loops over the window taps (a, b) that reach input position (ih, iw): inside, the
+    output position reading it through tap (a, b) is (ty / sh, tx / sw)."""
+    (sh, sw), (ph, pw), (dh, dw) = g["stride"], g["pad"], g["dil"]
+    with code.block(f"for (int a = 0; a < {g['kh']}; ++a)"):
+        code.line(f"const int ty = (int){ih} + {ph} - a * {dh};")
+        code.line(f"if (ty < 0 || ty % {sh} != 0 || ty / {sh} >= {g['oh']}) continue;")
+        with code.block(f"for (int b = 0; b < {g['kw']}; ++b)"):
+            code.line(f"const int tx = (int){iw} + {pw} - b * {dw};")
+            code.line(f"if (tx < 0 || tx % {sw} != 0 || tx / {sw} >= {g['ow']}) continue;")
+            yield
 
 
 def _conv2d_grad_weight_gemm(mw, step, g, dt):
@@ -255,7 +267,7 @@ def _conv2d_grad_data(mw: ModuleWriter, step):
     if _gemm_path(mw, step, g, G.dtype):
         return _conv2d_grad_data_gemm(mw, step, g, G.dtype)
     acc_t = ACC[G.dtype][0]
-    (sh, sw), (ph, pw), (dh, dw) = g["stride"], g["pad"], g["dil"]
+    sh, sw = g["stride"]
     with grid_stride_kernel(mw, step.name or "conv2d_grad_data", total, G.size,
                             W.size) as (kw, it):
         code = kw.code
@@ -268,17 +280,11 @@ def _conv2d_grad_data(mw: ModuleWriter, step):
             code.line(f"const long long gp = ((long long){n} * {g['o']} + o) * "
                       f"{g['oh'] * g['ow']};")
             code.line(f"const long long wp = (o * {g['cg']} + ci) * {g['kh'] * g['kw']};")
-            with code.block(f"for (int a = 0; a < {g['kh']}; ++a)"):
-                code.line(f"const int ty = (int){ih} + {ph} - a * {dh};")
-                code.line(f"if (ty < 0 || ty % {sh} != 0 || ty / {sh} >= {g['oh']}) continue;")
-                with code.block(f"for (int b = 0; b < {g['kw']}; ++b)"):
-                    code.line(f"const int tx = (int){iw} + {pw} - b * {dw};")
-                    code.line(f"if (tx < 0 || tx % {sw} != 0 || tx / {sw} >= {g['ow']}) "
-                              "continue;")
-                    gi = f"gp + (ty / {sh}) * {g['ow']} + tx / {sw}"
-                    wi = f"wp + a * {g['kw']} + b"
-                    code.line(f"acc += {_term(kw, sg, G.dtype, gi, acc_t)} * "
-                              f"{_term(kw, sw_, W.dtype, wi, acc_t)};")
+            with _taps_reaching(code, g, ih, iw):
+                gi = f"gp + (ty / {sh}) * {g['ow']} + tx / {sw}"
+                wi = f"wp + a * {g['kw']} + b"
+                code.line(f"acc += {_term(kw, sg, G.dtype, gi, acc_t)} * "
+                          f"{_term(kw, sw_, W.dtype, wi, acc_t)};")
         code.line(f"{kw.ptr(so, write=True)}[i] = {store_acc(G.dtype, 'acc')};")
 
 
