@@ -1,9 +1,10 @@
 """A differential fuzzer over programs: hybridizing never changes what a program does.
 
 Hypothesis draws small HybridBlocks from a grammar of layers and operations, side effects
-included: random draws, Dropout, BatchNorm (training and predict), in-place writes to the
-input and to intermediates, scalar arguments of mixed types and signs, nested and shared
-blocks, a child added after the first call, deferred shapes, control flow (npx.foreach with a
+included: random draws, Dropout, BatchNorm (training and predict), convolutions over the rows
+as 1 x width images, in-place writes to the input and to intermediates, scalar arguments of
+mixed types and signs, nested and shared blocks, a child added after the first call,
+deferred shapes, control flow (npx.foreach with a
 Dense in its body, npx.cond, npx.while_loop), a batch size per call (shape buckets: padded
 graphs, counted scans). Each program runs eagerly and
 hybridized (on the backend the draw picks) from the same seed, and everything a user can
@@ -65,6 +66,10 @@ class Program:
 def _steps(depth):
     leaf = st.one_of(
         st.tuples(st.just("dense"), st.integers(1, 6), st.sampled_from(ACTS)),
+        # h's rows as 1 x width images: channels, a 1- or 3-wide kernel (padded to keep
+        # every width), stride 1 or 2; flattened back to rows
+        st.tuples(st.just("conv"), st.integers(1, 3), st.sampled_from([1, 3]),
+                  st.sampled_from([1, 2]), st.sampled_from(ACTS)),
         st.tuples(st.just("batchnorm")),
         st.tuples(st.just("dropout"), st.sampled_from([0.2, 0.5])),
         st.tuples(st.just("noise"), st.sampled_from([0.1, 1.0])),
@@ -128,6 +133,11 @@ class _Steps(nn.HybridBlock):
             kind = step[0]
             if kind == "dense":
                 self.register_child(nn.Dense(step[1], activation=step[2]), f"c{k}")
+            elif kind == "conv":
+                _, channels, width, stride, act = step
+                self.register_child(nn.Conv2D(channels, (1, width), strides=(1, stride),
+                                              padding=(0, width // 2), activation=act),
+                                    f"c{k}")
             elif kind == "batchnorm":
                 # epsilon 1e-2: with the default 1e-5, a feature whose batch is nearly
                 # constant (tanh saturated) has a 1-ulp difference of LLVM's tanh and
@@ -150,6 +160,9 @@ class _Steps(nn.HybridBlock):
             child = self._children.get(f"c{k}")
             if kind in ("dense", "batchnorm", "dropout", "nested"):
                 h = child(h, x, c) if kind == "nested" else child(h)
+            elif kind == "conv":
+                y = child(h.reshape((h.shape[0], 1, 1, h.shape[1])))
+                h = y.reshape((y.shape[0], -1))
             elif kind == "residual":
                 out = child(h, x, c)
                 h = h + out if out.shape == h.shape else out
