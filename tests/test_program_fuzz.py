@@ -346,17 +346,47 @@ def _exportable(prog):
 
 def _rounding_only(prog, eager, hybrid, device) -> bool:
     """Whether a float32 difference past the tolerance is float32 rounding, amplified (a
-    BatchNorm over a few rows, a loop whose step count follows the values): it stays within
-    100x the tolerance, and the same program agrees to 1e-9 in float64, where rounding is
-    ~1e9x smaller. A real difference (a wrong gradient, a wrong branch rule) does neither."""
+    BatchNorm over a few rows, a loop whose step count follows the values, a saturated tanh's
+    derivative): the same program agrees to 1e-9 in float64, where rounding is ~1e9x
+    smaller, and the float32 runs either stay within 100x the tolerance or differ only where
+    eager float32 is itself as far from float64 as from the hybridized run (an
+    ill-conditioned value: neither float32 result means more than the other). A real
+    difference (a wrong gradient, a wrong branch rule) breaks the float64 agreement, or
+    leaves eager float32 close to float64 and the hybridized run away from both."""
     try:
-        _compare(prog, eager, hybrid, RTOL * 100, ATOL * 100)
         with np.errstate(all="ignore"):
             e64 = _run(prog, hybridize=False, device=device, dtype="float64")[0]
             h64 = _run(prog, hybridize=True, device=device, dtype="float64")[0]
         _compare(prog, e64, h64, 1e-9, 1e-9)
     except Exception:  # noqa: BLE001 - any failure: not rounding, report the float32 one
         return False
+    try:
+        _compare(prog, eager, hybrid, RTOL * 100, ATOL * 100)
+    except AssertionError:
+        return _ill_conditioned(eager, hybrid, e64)
+    return True
+
+
+def _observed(snapshot):
+    """The arrays of one call's snapshot (output, gradients, parameters, the caller's x)."""
+    y, grads, params, x = snapshot
+    yield y
+    for part in (grads, params):
+        for k in sorted(part):
+            if not isinstance(part[k], str):
+                yield part[k]
+    yield x
+
+
+def _ill_conditioned(eager, hybrid, eager64) -> bool:
+    """Every element where the float32 runs differ past the tolerance is one where eager
+    float32 is at least half as far from eager float64 as from the hybridized run."""
+    for e_call, h_call, t_call in zip(eager[:-1], hybrid[:-1], eager64[:-1]):
+        for e, h, t in zip(_observed(e_call), _observed(h_call), _observed(t_call)):
+            e, h, t = (np.asarray(a, np.float64) for a in (e, h, t))
+            apart = np.abs(h - e) > ATOL + RTOL * np.abs(e)
+            if np.any(apart & ~(np.abs(e - t) >= 0.5 * np.abs(e - h))):
+                return False
     return True
 
 
@@ -405,6 +435,12 @@ FOUND = [
         ("dropout", 0.5), ("uniform_mul",), ("nested", [("batchnorm",)]),
         ("scalar", "sub", 2.0)], scalar_arg=None, later=[("scan", "tanh"), ("loop", 0.5)],
         calls=["train", "train", "train"], backend="llvm", sizes=None),
+    # a saturated tanh after a loop that grows the values: its derivative is 0 in LLVM's
+    # float32 tanh and 1 ulp above 0 in NumPy's, times a large upstream gradient (-0.90 vs
+    # 0.0, where float64 says -0.13): ill-conditioned in float32, equal to 1e-17 in float64
+    Program(batch=4, width=5, steps=[("loop", 50.0), ("dropout", 0.5), ("shared",),
+                                     ("loop", 0.5), ("loop", 0.5)],
+            scalar_arg=None, later=[], calls=["train"], backend="llvm", sizes=None),
 ]
 
 
@@ -415,7 +451,7 @@ def test_programs_the_slow_run_found(prog):
 
 def test_a_real_difference_is_never_taken_for_rounding():
     """The float64 check tells rounding from a bug: a gradient zeroed (what the contract bug
-    of FOUND[2] did) fails it, as does a difference past 100x the tolerance."""
+    of FOUND[2] did) fails it, where eager float32 is close to float64 (well-conditioned)."""
     prog = FOUND[2]
     eager, hybrid = _run(prog, False)[0], _run(prog, True)[0]
     assert _rounding_only(prog, eager, hybrid, None)  # (equal: trivially)
