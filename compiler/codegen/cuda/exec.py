@@ -70,7 +70,28 @@ class CudaRun:
         # one call at a time queues its work: the arena and the graph's static io are shared
         self.lock = threading.Lock()
         self.blas = bool(config.get("HYBRID_CUDA_BLAS"))
+        # per launch (by identity: the source holds them), its arguments made once — NumPy
+        # scalars, workspace and arena addresses — with the io positions a call fills in, and
+        # its GemmSpec: a call only copies the list and sets its io (an MLP forward's 4
+        # launches, 32 arguments: 14.3 -> 2.3 us a call on this box)
+        self._plans = {id(launch): self._plan(launch) for launch in source.launches}
         self.graph = StaticGraph(self)
+
+    def _plan(self, launch):
+        template, fills = [], []
+        for i, a in enumerate(launch.args):
+            if a.kind == "slot":
+                pos = self.slot_pos.get(a.slot)
+                if pos is None:
+                    template.append(self.arena_ptrs[a.slot])
+                else:
+                    template.append(None)
+                    fills.append((i, pos))
+            elif a.kind == "workspace":
+                template.append(self.workspace_ptr + a.offset)
+            else:
+                template.append(a.numpy_value())
+        return template, tuple(fills), GemmSpec(*launch.blas) if launch.blas else None
 
     def _prepare(self, xp, a, want):
         shape, dt = want
@@ -105,26 +126,22 @@ class CudaRun:
         where the launch describes a GEMM, HYBRID_CUDA_BLAS is on and ``blas`` (a graph
         capture passes False: CuPy refuses cuBLAS calls under stream capture, so a replayed
         graph runs the generated GEMM)."""
+        gemm = self._plans[id(launch)][2]
         args = self.args(launch, bufs)
-        if launch.blas and self.blas and blas:
+        if gemm is not None and self.blas and blas:
             address = self.gpu.address
             a, b, c = (x if isinstance(x, int) else address(x) for x in args[:3])
-            self.gpu.gemm_strided(GemmSpec(*launch.blas), a, b, c, stream)
+            self.gpu.gemm_strided(gemm, a, b, c, stream)
             return
         self.module.launch(launch.kernel, launch.grid, launch.block, launch.shared_bytes,
                            args, stream)
 
     def args(self, launch, io):
         """The launch's arguments, its io slots taken from ``io`` (by io position)."""
-        args = []
-        for a in launch.args:
-            if a.kind == "slot":
-                pos = self.slot_pos.get(a.slot)
-                args.append(io[pos] if pos is not None else self.arena_ptrs[a.slot])
-            elif a.kind == "workspace":
-                args.append(self.workspace_ptr + a.offset)
-            else:
-                args.append(a.numpy_value())
+        template, fills, _ = self._plans[id(launch)]
+        args = template.copy()
+        for i, pos in fills:
+            args[i] = io[pos]
         return args
 
 
