@@ -634,3 +634,24 @@ def test_real_gpu_nvrtc_module_and_graph():
         graph.replay(s)
     s.synchronize()
     np.testing.assert_array_equal(g.to_host(y), np.full(n, 9.0, np.float32))
+
+
+def test_a_gpu_wait_spins_before_it_sleeps(monkeypatch):
+    """A wait on a GPU stream or event asks done() in a tight loop first (a sleep costs
+    ~60-110 us on these VMs, most of a synced small op), then sleeps, growing, until its
+    timeout."""
+    checks = {"n": 0}
+
+    def done():
+        checks["n"] += 1
+        return checks["n"] >= 50
+
+    slept = []
+    monkeypatch.setattr(seam.time, "sleep", slept.append)
+    monkeypatch.setattr(seam, "SPIN_SECONDS", 1.0)  # (a loaded box must not leave the spin)
+    seam.poll(done, 5.0, "test")
+    assert checks["n"] == 50 and slept == []
+    monkeypatch.setattr(seam, "SPIN_SECONDS", 0.0)
+    with pytest.raises(WaitTimeout):
+        seam.poll(lambda: False, 0.01, "never done")
+    assert slept and slept == sorted(slept)
