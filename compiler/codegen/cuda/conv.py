@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 
 from ..extern_plan import conv_geometry
+from ..kernel import itemsize
 from .matmul import BLAS_DTYPES, TILE, emit_gemm
 from .reduction import block_reduce_fn
 from .scalar import load_expr, mem_ctype, store_acc
@@ -88,8 +89,7 @@ def scratch_elements(op: str, g, dt: str):
     if op == "conv2d_grad_weight":  # gY permuted, and the partial products
         chunks = weight_grad_chunks(g)
         count += g["o"] * npos + (g["o"] * k * chunks if chunks > 1 else 0)
-    itemsize = 8 if dt == "float64" else 4
-    return count if count * itemsize <= SCRATCH_CAP else None
+    return count if count * itemsize(dt) <= SCRATCH_CAP else None
 
 
 def reserve_scratch(mw: ModuleWriter):
@@ -101,7 +101,7 @@ def reserve_scratch(mw: ModuleWriter):
             g, dt = _geometry(mw.program, step)
             count = scratch_elements(step.op, g, dt)
             if count:
-                need = max(need, count * (8 if dt == "float64" else 4))
+                need = max(need, count * itemsize(dt))
     mw.conv_scratch = mw.workspace(need) if need else None
 
 
@@ -185,7 +185,7 @@ def _conv2d_grad_weight_gemm(mw, step, g, dt):
     k, p = g["c"] * g["kh"] * g["kw"], g["oh"] * g["ow"]
     npos = g["n"] * p
     col = mw.conv_scratch
-    gyt = col + k * npos * (8 if dt == "float64" else 4)
+    gyt = col + k * npos * itemsize(dt)
     _im2col(mw, sx, dt, g, col)
     with grid_stride_kernel(mw, "permute_gy", g["o"] * npos, g["o"] * npos) as (kw, it):
         code = kw.code
@@ -198,7 +198,7 @@ def _conv2d_grad_weight_gemm(mw, step, g, dt):
     depth = npos // chunks
     out = KernelArg("slot", slot=so)
     if chunks > 1:
-        partial = gyt + g["o"] * npos * (8 if dt == "float64" else 4)
+        partial = gyt + g["o"] * npos * itemsize(dt)
         out = _ws(partial)
     emit_gemm(mw, (dt, dt, dt), False, True, g["o"], k, depth, npos, npos, chunks,
               [(1, 0, 0), (chunks, depth, depth)], [_ws(gyt), _ws(col), out])

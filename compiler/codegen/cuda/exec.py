@@ -126,8 +126,10 @@ class CudaRun:
         where the launch describes a GEMM, HYBRID_CUDA_BLAS is on and ``blas`` (a graph
         capture passes False: CuPy refuses cuBLAS calls under stream capture, so a replayed
         graph runs the generated GEMM)."""
-        gemm = self._plans[id(launch)][2]
-        args = self.args(launch, bufs)
+        template, fills, gemm = self._plans[id(launch)]
+        args = template.copy()
+        for i, pos in fills:
+            args[i] = bufs[pos]
         if gemm is not None and self.blas and blas:
             address = self.gpu.address
             a, b, c = (x if isinstance(x, int) else address(x) for x in args[:3])
@@ -135,14 +137,6 @@ class CudaRun:
             return
         self.module.launch(launch.kernel, launch.grid, launch.block, launch.shared_bytes,
                            args, stream)
-
-    def args(self, launch, io):
-        """The launch's arguments, its io slots taken from ``io`` (by io position)."""
-        template, fills, _ = self._plans[id(launch)]
-        args = template.copy()
-        for i, pos in fills:
-            args[i] = io[pos]
-        return args
 
 
 def _dump(source):
