@@ -52,7 +52,9 @@ else
     BENCH_ARGS=(--budget "${GPU_CHECK_BENCH_BUDGET:-230}")
     REGISTRY_FILTER="not every_registry_op or float32"
 fi
+ONLY=${GPU_CHECK_STEPS:-tests fuzz bench}  # a rerun may take some steps only
 mkdir -p "$RES"
+rm -f "$RES"/junit_gpu_*.xml  # a step not run this time reports nothing, not an old file
 LOG=$RES/gpu_check.log
 : >"$LOG"
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
@@ -102,24 +104,33 @@ say "GPU: ${SMI:-none seen by nvidia-smi}"
 "$PY" -c "import sys, cupy; print('python', sys.version.split()[0], 'cupy', cupy.__version__)" 2>&1 | tee -a "$LOG"
 
 # ------------------------------------------------------------------ 2. tests
-step tests_gpu_marked "${GPU_CHECK_T_MARKED:-100}" "$PY" -m pytest -q -p no:cacheprovider -o timeout=60 -m gpu tests/ \
-    --junitxml="$RES/junit_gpu_marked.xml"
-step tests_gpu_file "${GPU_CHECK_T_FILE:-150}" "$PY" -m pytest -q -p no:cacheprovider -o timeout=60 tests/test_gpu_emulated.py \
-    ${REGISTRY_FILTER:+-k "$REGISTRY_FILTER"} --junitxml="$RES/junit_gpu_file.xml"
+wants() { [[ " $ONLY " == *" $1 "* ]]; }
+if wants tests; then
+    step tests_gpu_marked "${GPU_CHECK_T_MARKED:-100}" "$PY" -m pytest -q -p no:cacheprovider -o timeout=60 -m gpu tests/ \
+        -k "not fresh_programs_on_a_real_gpu" --junitxml="$RES/junit_gpu_marked.xml"
+    step tests_gpu_file "${GPU_CHECK_T_FILE:-150}" "$PY" -m pytest -q -p no:cacheprovider -o timeout=60 tests/test_gpu_emulated.py \
+        ${REGISTRY_FILTER:+-k "$REGISTRY_FILTER"} --junitxml="$RES/junit_gpu_file.xml"
+fi
+if wants fuzz; then  # fresh random programs: eager CuPy ops vs the CUDA backend on the GPU
+    FUZZ_GPU_N=${GPU_CHECK_FUZZ_N:-40} step tests_gpu_fuzz "${GPU_CHECK_T_FUZZ:-150}" "$PY" -m pytest -q -p no:cacheprovider \
+        -o timeout=0 tests/test_program_fuzz.py -k fresh_programs_on_a_real_gpu --junitxml="$RES/junit_gpu_fuzz.xml"
+fi
 
 # ------------------------------------------------------------------ 3. benchmarks
 rm -f "$RES/bench.json"
-step bench "${GPU_CHECK_T_BENCH:-270}" "$PY" benchmarks/bench_gpu.py "${BENCH_ARGS[@]}" --json "$RES/bench.json"
+if wants bench; then
+    step bench "${GPU_CHECK_T_BENCH:-270}" "$PY" benchmarks/bench_gpu.py "${BENCH_ARGS[@]}" --json "$RES/bench.json"
+fi
 
 # ------------------------------------------------------------------ 4. report
 "$PY" benchmarks/gpu_report.py --out "$RES/gpu_check.json" --bench "$RES/bench.json" \
     --junit gpu_marked="$RES/junit_gpu_marked.xml" --junit gpu_file="$RES/junit_gpu_file.xml" \
-    "${STEPS[@]}" --nvidia-smi "$SMI" --note total_seconds=$((SECONDS - T0)) \
+    --junit gpu_fuzz="$RES/junit_gpu_fuzz.xml" "${STEPS[@]}" --nvidia-smi "$SMI" --note total_seconds=$((SECONDS - T0)) \
     2>&1 | tee -a "$LOG"
 
 if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then  # the device tool brings $OUT's files back
     cp "$RES"/gpu_check.json "$RES"/gpu_check.log "$RES"/bench.json \
-        "$RES"/junit_gpu_marked.xml "$RES"/junit_gpu_file.xml "$OUT"/ 2>/dev/null
+        "$RES"/junit_gpu_marked.xml "$RES"/junit_gpu_file.xml "$RES"/junit_gpu_fuzz.xml "$OUT"/ 2>/dev/null
     say "copied the results to \$OUT"
 fi
 say "done"

@@ -102,6 +102,7 @@ def differentiate(graph: Graph, wrt: list[int]):
             grads.append(acc[w].id)
         else:
             spec = graph.spec(w)
+            b.device = graph.node(w).get("device", "cpu(0)")  # a zero beside its input
             grads.append(b.apply("full", (), {"shape": spec.shape, "value": 0.0,
                                               "dtype": spec.dtype}).id)
     return joint, grad_inputs, grads, [w in acc for w in wrt]

@@ -326,6 +326,24 @@ def _split_loop(attrs, backend, device, compile_body):
     return _SplitLoop([run] + [run.twin() for _ in range(workers - 1)], rows // workers)
 
 
+def _check_one_device(op, attrs, device):
+    """A body runs where its loop runs: its steps pass the device's arrays straight to the
+    body's executable, with no copy between devices (a CPU part of a GPU loop's body would
+    be native CPU code handed GPU memory)."""
+    from .passes.partition import devices_of  # noqa: PLC0415 - partition imports the ops
+
+    if device is None:
+        return
+    for name, body in attrs.items():
+        if isinstance(body, Body):
+            other = devices_of(body.graph) - {str(device)}
+            if other:
+                raise ValueError(
+                    f"{op}: its {name} graph has ops on {', '.join(sorted(other))} while the "
+                    f"loop runs on {device}; a loop body runs on one device: move its "
+                    f"arrays to {device} before the loop")
+
+
 def compile_control(graph: Graph, backend: str, device, compile_body,
                     shared: bool = True) -> Executable:
     """The executable of a control part: its bodies compiled by ``compile_body(graph)`` (the
@@ -334,6 +352,7 @@ def compile_control(graph: Graph, backend: str, device, compile_body,
     (node,) = [n for n in graph.g.nodes if graph.op(n) in CONTROL_OPS]
     d = graph.node(node)
     op, attrs = d["op"], d["attrs"]
+    _check_one_device(op, attrs, device)
     bodies = {k: _compiled_body(v, backend, device, compile_body) if shared
               else compile_body(_body_graph(v)) for k, v in attrs.items() if isinstance(v, Body)}
     # a body holding control flow itself is parts: run in order within the loop's step
@@ -468,7 +487,9 @@ def _reverse_scan(F, vjp: Graph, sources, wrt, n_data, n_states, seqs, states, c
     from .autodiff import GraphBuilder  # noqa: PLC0415 - autodiff imports the ops
 
     vg = vjp.copy()
-    b = GraphBuilder(vg)
+    # what this adds (accumulators, zero states) runs on the loop's device, as its body
+    dev = next((vg.node(n)["device"] for n in vg.inputs), "cpu(0)")
+    b = GraphBuilder(vg, device=dev)
     n_res = len(sources)
     res_in, cot_in = vg.inputs[:n_res], vg.inputs[n_res:]
     n_out = len(cot_in) - n_states
@@ -490,7 +511,7 @@ def _reverse_scan(F, vjp: Graph, sources, wrt, n_data, n_states, seqs, states, c
     wrt_caps = [i for i in wrt if i >= first_cap and i not in hoisted]
     acc_in, new_acc = [], []
     for i in wrt_caps:
-        acc = vg.add_input(vg.spec(grads[i]), f"acc{i}")
+        acc = vg.add_input(vg.spec(grads[i]), f"acc{i}", dev)
         acc_in.append(acc)
         new_acc.append(b.apply("add", (NodeRef(acc), NodeRef(grads[i])), {}).id)
     new_g_states = []

@@ -128,9 +128,10 @@ def _advanced(x, entries, arrays):
             stride = int(np.prod(dims[i + 1:], dtype=np.int64))
             # each array checked against its own axis (IndexError out of [-n, n), eagerly
             # and compiled) and counted from the end when negative: take from arange(n)
-            term = apply("take", (apply("arange", (), {"start": 0, "stop": n, "step": 1,
-                                                       "dtype": ix.dtype}), ix),
-                         {"axis": 0, "mode": "raise"}) * stride
+            with x.device:  # a source op: on x's device, beside the index arrays
+                axis_range = apply("arange", (), {"start": 0, "stop": n, "step": 1,
+                                                  "dtype": ix.dtype})
+            term = apply("take", (axis_range, ix), {"axis": 0, "mode": "raise"}) * stride
             flat = term if flat is None else flat + term
         flat = apply("broadcast_to", (flat,), {"shape": tuple(shape)})
     lead = x.shape[:first]
@@ -181,6 +182,9 @@ def setitem(x: NDArray, key, value):
             not _state.tracing():
         value = array(value, dtype=x._dtype, device=x.device)
     if isinstance(value, NDArray):
+        if value.device != x.device and not _state.tracing():
+            raise ValueError(f"setitem: the value is on {value.device} and the array on "
+                             f"{x.device}; move the value first: value.copyto({x.device})")
         if value._dtype != x._dtype:
             value = value.astype(x._dtype)
         if tuple(value.shape) != region:
@@ -191,9 +195,11 @@ def setitem(x: NDArray, key, value):
                                  f" into the selection of shape {final}") from None
             value = reshape(value, region)
     if all((b, e, s) == (0, n, 1) for b, e, s, n in zip(begin, end, step, x.shape)):
-        new = apply("broadcast_to", (value, ), {"shape": x.shape}) if isinstance(
-            value, NDArray) else apply("full", (), {"shape": x.shape, "value": value,
-                                                    "dtype": x._dtype})
+        if isinstance(value, NDArray):
+            new = apply("broadcast_to", (value, ), {"shape": x.shape})
+        else:  # a source op: made on x's device (the current one may be another)
+            with x.device:
+                new = apply("full", (), {"shape": x.shape, "value": value, "dtype": x._dtype})
         if new is value:
             new = apply("copy", (value,), {})
     else:

@@ -241,6 +241,9 @@ class NDArray:
                 "in-place update of an array with an attached gradient while recording: "
                 "autograd cannot differentiate through it; write `x = x + v` instead of "
                 f"`x += v` (at {_fmt(user_frame())})")
+        if new.device != self.device:  # its buffer would be another device's memory
+            raise RuntimeError(f"internal error: an in-place update of an array on "
+                               f"{self.device} computed its new value on {new.device}")
         self._buf = new._buf
         self._node = new._node
         rebind_token[0] = object()  # after the store: a reader that sees the old token sees

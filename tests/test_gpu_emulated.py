@@ -352,6 +352,44 @@ def test_arrays_arithmetic_reductions_on_gpu0():
     assert type(x.asnumpy()) is np.ndarray
 
 
+def test_writes_and_indices_on_gpu0_make_their_values_there():
+    """Ops without array arguments that a write or an index makes for an array on a GPU run
+    on that GPU, whatever the current device: found on the H100 by the fresh-program fuzzer
+    (``a[:, :1] = 2`` on a one-column array made its new value on the host, CuPy then
+    refused it); the emulator's arrays being host memory, the in-place update's device check
+    is what shows it here."""
+    dev = hb.gpu(0)
+    x = hb.ones((2, 1), device=dev)
+    x[:, :1] = 2  # the whole array: a fill
+    x[:] = 3.5
+    assert x.device == dev and isinstance(x._buf.data, dev.xp.ndarray)
+    np.testing.assert_array_equal(x.asnumpy(), np.full((2, 1), 3.5, np.float32))
+    m = hb.arange(12, device=dev).reshape(3, 4)
+    got = m[hb.array([0, 2], dtype="int64", device=dev), hb.array([1, -1], dtype="int64",
+                                                                  device=dev)]
+    assert got.device == dev
+    np.testing.assert_array_equal(got.asnumpy(), np.arange(12.).reshape(3, 4)[[0, 2], [1, -1]])
+    with pytest.raises(ValueError, match="value.copyto"):
+        x[:] = hb.ones((2, 1))  # a value on the host: moved by the user, as the error says
+
+
+def test_a_loop_body_on_a_gpu_refuses_ops_elsewhere():
+    """A loop's body runs on the loop's device; an op on another device inside it is a clear
+    error when it compiles (the steps would hand GPU memory to CPU code)."""
+    from compiler.control_flow import _check_one_device
+    from compiler.graph import Graph, NodeRef
+    from compiler.ops import Spec
+    from compiler.ops.control import Body
+    g = Graph("body")
+    a = g.add_input(Spec((3,), "float32"), "a", "gpu(0)")
+    g.outputs = [g.add_op("add", [NodeRef(a), 1.0], {}, None, "cpu(0)")]
+    with pytest.raises(ValueError, match="body graph has ops on cpu.0. while the loop runs "
+                                         "on gpu.0."):
+        _check_one_device("foreach", {"body": Body(g)}, hb.gpu(0))
+    g.node(g.outputs[0])["device"] = "gpu(0)"
+    _check_one_device("foreach", {"body": Body(g)}, hb.gpu(0))
+
+
 # ================================================================== transfers
 def test_transfers_between_host_and_gpus():
     a = np.arange(6, dtype=np.float32).reshape(2, 3)

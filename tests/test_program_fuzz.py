@@ -478,6 +478,48 @@ def test_programs_on_the_cuda_backend_equal_eager_on_the_gpu(prog, emulated_gpu)
     check_program(dataclasses.replace(prog, backend="cuda"), None, device=emulated_gpu)
 
 
+# Programs the fresh-program run on an H100 found (test_fresh_programs_on_a_real_gpu_...),
+# run on the emulated GPU by every CI run: a scan trained through the CUDA backend (its
+# reverse scan's gradient accumulators were placed on the host: the body compiled as a CPU
+# part fed GPU memory), and a whole-array write of a scalar (its fill made on the host).
+FOUND_ON_A_GPU = [
+    Program(batch=2, width=1, steps=[("scan", "dense")], scalar_arg=None, later=[],
+            calls=["train"], backend="cuda", sizes=None),
+    Program(batch=2, width=1, steps=[("write_inter", "cols")], scalar_arg=None, later=[],
+            calls=["train"], backend="cuda", sizes=None),
+]
+
+
+@pytest.mark.parametrize("prog", FOUND_ON_A_GPU)
+def test_programs_found_on_a_gpu(prog, emulated_gpu):
+    check_program(prog, None, device=emulated_gpu)
+
+
+def _real_gpu_count() -> int:
+    import os  # noqa: PLC0415
+    if os.environ.get("HYBRID_GPU_EMULATE"):
+        return 0
+    from runtime.gpu.cupy_gpu import device_count  # noqa: PLC0415
+    return device_count()
+
+
+# Fresh programs (not derandomized) on a real GPU, eager CuPy ops vs the CUDA backend's
+# kernels compiled by NVRTC: where the emulator runs the same C on the host, a GPU's own
+# compiler contracts multiply-adds and its atomics land in any order. FUZZ_GPU_N sets the count
+# (benchmarks/gpu_check.sh runs it); a failure prints the program and its reproduction blob.
+N_REAL_GPU = int(__import__("os").environ.get("FUZZ_GPU_N", 40))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _real_gpu_count(), reason="needs a real NVIDIA GPU with CuPy (run by "
+                    "benchmarks/gpu_check.sh); this machine has none")
+@pytest.mark.timeout(1800)
+@settings(max_examples=N_REAL_GPU, **_SETTINGS)
+@given(prog=programs())
+def test_fresh_programs_on_a_real_gpu_equal_eager(prog):
+    check_program(dataclasses.replace(prog, backend="cuda"), None, device=hb.gpu(0))
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(3 * 3600)
 @settings(max_examples=N_SLOW, **_SETTINGS)
