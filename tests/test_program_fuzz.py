@@ -6,14 +6,14 @@ as 1 x width images, in-place writes to the input and to intermediates, scalar a
 mixed types and signs, nested and shared blocks, a child added after the first call,
 deferred shapes, control flow (npx.foreach with a
 Dense in its body, npx.cond, npx.while_loop), a batch size per call (shape buckets: padded
-graphs, counted scans). Each program runs eagerly and
+graphs, counted scans), device hops (graphs spanning devices). Each program runs eagerly and
 hybridized (on the backend the draw picks) from the same seed, and everything a user can
 observe is compared after every call: outputs, gradients, parameters and running statistics,
 the caller's input array, and the random stream afterwards. Predict-only programs without
 random draws or input writes are also exported, loaded and compared.
 
 CI runs ``N_PROGRAMS`` programs (derandomized: the same ones every run); ``-m slow`` runs
-thousands with fresh draws. A failure prints the program; each one found became a named
+thousands with fresh draws, and benchmarks/gpu_check.sh fresh ones on a real GPU. A failure prints the program; each one found became a named
 regression test in tests/test_contract.py.
 """
 from __future__ import annotations
@@ -80,6 +80,9 @@ def _steps(depth):
         st.tuples(st.just("write_input"), st.sampled_from(["all", "iadd", "rows"])),
         st.tuples(st.just("write_inter"), st.sampled_from(["iadd", "cols"])),
         st.tuples(st.just("shared")),
+        # a stretch on another device and back (cpu(1) from cpu(0), the host from a GPU): a
+        # graph spanning devices, one compiled part per device with copies between them
+        st.tuples(st.just("hop"), st.sampled_from(UNARY)),
         # control flow (issue 22): a scan over the batch's rows carrying a state through a
         # Dense, a data-dependent branch, a loop whose step count depends on the values
         st.tuples(st.just("scan"), st.sampled_from(["tanh", "dense"])),
@@ -177,8 +180,7 @@ class _Steps(nn.HybridBlock):
             elif kind == "arg":
                 h = _binary(step[1], h, 1.0 if c is None else c)
             elif kind == "unary":
-                h = -h if step[1] == "neg" else getattr(hb, step[1])(h) \
-                    if step[1] != "relu" else hb.npx.relu(h)
+                h = _unary(step[1], h)
             elif kind == "write_input":
                 _write(x, step[1])
             elif kind == "write_inter":
@@ -186,7 +188,15 @@ class _Steps(nn.HybridBlock):
                 _write(h, step[1])
             elif kind in ("scan", "branch", "loop"):
                 h = _control(kind, step[1], h, child, c)
+            elif kind == "hop":
+                home = x.device
+                away = hb.cpu(1) if home == hb.cpu(0) else hb.cpu(0)
+                h = _unary(step[1], h.to(away)).to(home)
         return h
+
+
+def _unary(name, h):
+    return -h if name == "neg" else hb.npx.relu(h) if name == "relu" else getattr(hb, name)(h)
 
 
 def _control(kind, arg, h, child, c):
@@ -340,8 +350,9 @@ def _exportable(prog):
             if s[0] in ("nested", "residual"):
                 yield from flat(s[1])
     kinds = {s[0] for s in flat(prog.steps + prog.later)}
+    # (an artifact runs on one device: export refuses a graph with hops, naming why)
     return set(prog.calls) == {"predict"} and not kinds & {
-        "noise", "uniform_mul", "write_input"}
+        "noise", "uniform_mul", "write_input", "hop"}
 
 
 def _rounding_only(prog, eager, hybrid, device) -> bool:
