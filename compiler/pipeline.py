@@ -16,6 +16,7 @@ from .control_flow import compile_control, has_control, is_control_part
 from .graph import Graph
 from .passes import fuse, plan_memory, schedule, simplify
 from .passes.index_checks import add_index_checks, checked_run
+from .passes.loop_invariants import hoist_loop_invariants
 from .passes.partition import devices_of, partition
 from .reference import ReferenceProgram
 from .verify import verify
@@ -74,6 +75,8 @@ def compile(graph: Graph, backend: str = "reference", device=None, passes=None):
         # parts before and after it (passes/partition.py)
         graph = graph.copy()
         graph.remove_dead()
+        if passes is None:  # the default optimizations: a loop body's invariants first
+            graph, _ = hoist_loop_invariants(graph)
         if is_control_part(graph):
             return compile_control(graph, backend, device,
                                    lambda body: compile(body, backend, device, passes),

@@ -1,0 +1,125 @@
+"""hoist: what a foreach body computes from its captured values alone moves out of the loop.
+
+A body runs once per step; a value it derives from captured arrays only (a weight's
+transpose, a scaled or reshaped parameter) is the same at every step. This pass computes
+such values once, before the loop, and hands them to the body as captured inputs of their
+own. The gradient of a recurrent layer is where it pays: its reverse scan multiplies by the
+recurrent weight *transposed* at every step (``dh = dgates @ (W_h2h.T).T``), so each step
+re-read the weight through a transposing copy; hoisted, simplify folds the two transposes
+away and every step reads the stored weight as it is.
+
+What moves: the body nodes that consume variant values (a step's data, a state) and are
+themselves invariant — the *frontier* — together with the invariant nodes they need.
+Nothing grows: a frontier value larger than the captured arrays it reads (a bias broadcast
+to the batch) stays in the body, where it is a stride-0 read, not a buffer re-read at every
+step. Random draws, device copies and nested control flow stay too, as do training graphs'
+forward loops (their ``vjp`` refers to body inputs by position).
+Pure: returns a new graph; the input graph is not changed.
+"""
+from __future__ import annotations
+
+from ..graph import Graph, NodeRef
+from ..ops.control import CONTROL_OPS, Body
+
+STAY = frozenset(("random_uniform", "random_normal", "random_randint", "device_copy", "nth")
+                 ) | frozenset(CONTROL_OPS)
+
+
+def hoist_loop_invariants(graph: Graph):
+    """Returns (graph, report) with every eligible foreach's invariants hoisted."""
+    loops = [n for n in graph.topo_order() if graph.op(n) == "foreach"
+             and graph.node(n)["attrs"].get("vjp") is None]
+    hoisted = 0
+    if not loops:
+        return graph, {"summary": "no loop", "hoisted": 0}
+    out = graph.copy()
+    for n in loops:
+        hoisted += _hoist(out, n)
+    return out, {"summary": f"{hoisted} value(s) computed once instead of at every step",
+                 "hoisted": hoisted}
+
+
+def _invariants(body: Graph, n_variant: int):
+    """(invariant node ids, frontier in topological order): nodes computed from the
+    captured inputs (body inputs past the first ``n_variant``) and constants only, and those
+    of them that a variant node or an output reads."""
+    invariant = set(body.inputs[n_variant:])
+    order = body.topo_order()
+    for m in order:
+        op = body.op(m)
+        if op == "const":
+            invariant.add(m)
+        elif op not in ("input", "param") and op not in STAY and \
+                all(a in invariant for a in body.arg_ids(m)) and body.arg_ids(m):
+            invariant.add(m)
+    outputs = set(body.outputs)
+    frontier = [m for m in order if m in invariant and body.op(m) not in ("input", "const")
+                and (m in outputs or any(u not in invariant for u in body.users(m)))]
+    return invariant, frontier
+
+
+def _captured_size(body: Graph, m, captured: set) -> int:
+    """Elements of the captured inputs ``m`` is computed from."""
+    seen, todo, total = set(), [m], 0
+    while todo:
+        k = todo.pop()
+        if k in seen:
+            continue
+        seen.add(k)
+        if k in captured:
+            total += body.spec(k).size
+        else:
+            todo.extend(body.arg_ids(k))
+    return total
+
+
+def _hoist(graph: Graph, n) -> int:
+    d = graph.node(n)
+    attrs = d["attrs"]
+    body: Graph = attrs["body"].graph
+    counted = 1 if attrs.get("counted") else 0
+    n_variant = attrs["n_data"] + attrs["n_states"]
+    args = graph.arg_ids(n)  # every foreach operand is an array
+    captured_args = args[counted + n_variant:]
+    invariant, frontier = _invariants(body, n_variant)
+    captured = set(body.inputs[n_variant:])
+    frontier = [m for m in frontier if body.spec(m).size <= _captured_size(body, m, captured)]
+    if not frontier:
+        return 0
+    # the frontier's invariant nodes, copied before the loop (captured inputs -> operands)
+    outer = dict(zip(body.inputs[n_variant:], captured_args))
+    need = set()
+    todo = list(frontier)
+    while todo:
+        k = todo.pop()
+        if k not in need and k not in outer:
+            need.add(k)
+            todo.extend(body.arg_ids(k))
+    for m in body.topo_order():
+        if m not in need:
+            continue
+        bd = body.node(m)
+        if bd["op"] == "const":
+            name = bd["attrs"]["name"]
+            outer[m] = graph.add_const(body.constants[name], None, d["device"])
+            continue
+        margs = [NodeRef(outer[a.id]) if isinstance(a, NodeRef) else a for a in body.args(m)]
+        outer[m] = graph.add_op(bd["op"], margs, bd["attrs"], bd.get("where"), d["device"])
+    # the body reads each frontier value as a new captured input
+    new_body = body.copy()
+    for k, m in enumerate(frontier):
+        inp = new_body.add_input(new_body.spec(m), f"hoisted{k}", new_body.node(m)["device"])
+        new_body.replace_uses(m, inp)
+    new_body.remove_dead()
+    new_attrs = dict(attrs, body=Body(new_body))
+    loop = graph.add_op("foreach", [NodeRef(a) for a in args] +
+                        [NodeRef(outer[m]) for m in frontier], new_attrs, d.get("where"),
+                        d["device"])
+    for u in graph.users(n):
+        k = graph.node(u)["attrs"]["index"]
+        m = graph.add_op("nth", [NodeRef(loop)], {"index": k}, graph.node(u).get("where"),
+                         graph.node(u)["device"])
+        graph.replace_uses(u, m)
+        graph.g.remove_node(u)
+    graph.g.remove_node(n)
+    return len(frontier)
