@@ -236,7 +236,7 @@ def _take_infer(x, indices, axis=0, mode="clip"):
 
 
 def _take_impl(xp, x, indices, axis=0, mode="clip"):
-    if xp is np:
+    if xp.__name__ == "numpy":  # NumPy, or an emulated GPU's (runtime/gpu/emulated.py)
         return np.take(x, indices, axis=axis, mode=mode)
     # CuPy's take has no mode (its indices wrap): clip or check here, with NumPy's meaning
     axis = normalize_axis(axis, x.ndim, "take")[0]

@@ -1,8 +1,10 @@
 """Emulated GPUs (``HYBRID_GPU_EMULATE=N``): the GPU seam on the CPU.
 
-Device memory is host memory (NumPy arrays; ``xp`` is NumPy), kernels are the CUDA C that
-would run on a GPU, built for the host by ``runtime.gpu.emu`` and launched through it, GEMM is
-NumPy's. What makes it a GPU to the code above is the stream model, kept exactly:
+Device memory is host memory, held as :class:`DeviceArray` (a NumPy subclass that host code
+may not take for its own, as CuPy's arrays are not NumPy's; ``xp`` is NumPy making its arrays
+on the GPU), kernels are the CUDA C that would run on a GPU, built for the host by
+``runtime.gpu.emu`` and launched through it, GEMM is NumPy's. What makes it a GPU to the code
+above is the stream model, kept exactly:
 
 - the compute stream runs its work in the thread that queues it, as eager NumPy ops run in the
   engine's worker for the GPU; so a kernel queued there and an eager op after it keep
@@ -30,6 +32,104 @@ from .seam import GPUError, wait_timeout
 
 _ALIGN = 256  # cudaMalloc's alignment: generated kernels may rely on it
 _IDLE_EXIT = 5.0  # seconds an idle stream worker lingers before its thread ends
+
+
+# ---------------------------------------------------------------- device memory
+class DeviceArray(np.ndarray):
+    """An emulated GPU's array: host memory that host code may not take for its own.
+
+    On a real GPU a CuPy array is not a NumPy array: a CuPy op given a host array, or a kernel
+    launched with one, raises, and native CPU code handed GPU memory crashes. Were emulated
+    GPU memory plain NumPy arrays, each of those bugs would run here by accident (two did,
+    until a GPU showed them). So an emulated GPU's arrays are this subclass: an op mixing
+    them with host arrays raises TypeError as CuPy does, a launch takes no host array, and
+    the LLVM backend refuses them (``__device_memory__``). NumPy scalars and 0-d arrays mix
+    freely, as with CuPy.
+    """
+
+    __device_memory__ = True
+    __array_priority__ = 100.0
+
+    def __array_ufunc__(self, ufunc, method, *inputs, out=None, **kwargs):
+        _refuse_host(ufunc.__name__, inputs + (out or ()))
+        if out is not None:
+            kwargs["out"] = tuple(_plain(o) for o in out)
+        res = getattr(ufunc, method)(*(_plain(a) for a in inputs), **kwargs)
+        if out is not None:
+            return out[0] if len(out) == 1 else out
+        return _on_device(res)
+
+    def __array_function__(self, func, types, args, kwargs):
+        _refuse_host(func.__name__, (args, kwargs))
+        return _on_device(func(*_plain_tree(args), **_plain_tree(kwargs)))
+
+
+def _plain(a):
+    return a.view(np.ndarray) if isinstance(a, DeviceArray) else a
+
+
+def _plain_tree(v):
+    if isinstance(v, DeviceArray):
+        return v.view(np.ndarray)
+    if isinstance(v, (list, tuple)):
+        return type(v)(_plain_tree(x) for x in v)
+    if isinstance(v, dict):
+        return {k: _plain_tree(x) for k, x in v.items()}
+    return v
+
+
+def _on_device(v):
+    if isinstance(v, np.ndarray) and not isinstance(v, DeviceArray):
+        return v.view(DeviceArray)
+    if isinstance(v, tuple):
+        return tuple(_on_device(x) for x in v)
+    if isinstance(v, list):
+        return [_on_device(x) for x in v]
+    return v
+
+
+def _host_arrays(v):
+    if isinstance(v, DeviceArray):
+        return
+    if isinstance(v, np.ndarray):
+        if v.ndim:
+            yield v
+    elif isinstance(v, (list, tuple)):
+        for x in v:
+            yield from _host_arrays(x)
+    elif isinstance(v, dict):
+        for x in v.values():
+            yield from _host_arrays(x)
+
+
+def _refuse_host(what, values):
+    host = next(_host_arrays(values), None)
+    if host is not None:
+        raise TypeError(f"{what}: a host array ({host.dtype}{list(host.shape)}) beside an "
+                        "emulated GPU's arrays; a real GPU's CuPy refuses it too: move it "
+                        "to the GPU first")
+
+
+class DeviceNumPy:
+    """An emulated GPU's array module: NumPy whose arrays are made on the GPU (DeviceArray),
+    as CuPy's ``cupy.asarray``/``empty``/... are."""
+
+    ndarray = DeviceArray
+
+    def __init__(self, module=np):
+        self._module = module
+
+    def __getattr__(self, name):
+        v = getattr(self._module, name)
+        if isinstance(v, (type, np.ufunc)) or not callable(v):  # ufuncs: __array_ufunc__
+            if type(v).__name__ == "module":
+                return DeviceNumPy(v)
+            return v
+
+        def on_device(*args, **kwargs):
+            return _on_device(v(*args, **kwargs))
+        on_device.__name__ = name
+        return on_device
 
 
 class _Mark:
@@ -238,6 +338,9 @@ class EmulatedModule(seam.Module):
                 if a._mem is None:
                     raise GPUError(f"launch {kernel_name}: {a!r} was freed")
                 a = a._mem  # the emulator passes an array's address
+            elif isinstance(a, np.ndarray) and not isinstance(a, DeviceArray):
+                raise TypeError(f"launch {kernel_name}: argument {len(conv)} is a host array "
+                                f"({a.dtype}{list(a.shape)}); kernels take GPU memory")
             conv.append(a)
         built = self._built
         grid, block = seam.launch_dims(grid), seam.launch_dims(block)
@@ -269,7 +372,7 @@ def _build(cuda_source: str):
 
 class EmulatedGPU(seam.GPU):
     implementation = "emulated"
-    xp = np
+    xp = DeviceNumPy()
 
     def __init__(self, index: int):
         self.index = index
@@ -282,15 +385,15 @@ class EmulatedGPU(seam.GPU):
         nbytes = int(nbytes)
         raw = np.empty(nbytes + _ALIGN, dtype=np.uint8)
         off = (-raw.__array_interface__["data"][0]) % _ALIGN
-        mem = raw[off:off + nbytes]
+        mem = raw[off:off + nbytes].view(DeviceArray)
         return seam.DeviceBuffer(self, nbytes, mem.__array_interface__["data"][0], mem)
 
     def _view(self, mem, shape, dtype, offset):
         n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        return mem[offset:offset + n].view(dtype).reshape(shape)
+        return _plain(mem)[offset:offset + n].view(dtype).reshape(shape).view(DeviceArray)
 
     def empty(self, shape, dtype):
-        return np.empty(tuple(shape), dtype=np.dtype(dtype))
+        return np.empty(tuple(shape), dtype=np.dtype(dtype)).view(DeviceArray)
 
     def address(self, array):
         return array.__array_interface__["data"][0]
@@ -316,7 +419,19 @@ class EmulatedGPU(seam.GPU):
     def _copy(self, what, dst, src, stream):
         dst, src = seam.as_array(dst), seam.as_array(src)
         self.check_copy(what, dst, src)
-        (stream or self.copy_stream).submit(what, lambda: np.copyto(dst, src))
+        self._check_sides(what, dst, src)
+        (stream or self.copy_stream).submit(what, lambda: np.copyto(_plain(dst), _plain(src)))
+
+    @staticmethod
+    def _check_sides(what, dst, src):
+        """A copy's ends are on the sides its direction says (as cudaMemcpy's kinds)."""
+        want = {"copy host->device": (True, False), "copy device->host": (False, True),
+                "copy device->device": (True, True)}[what]
+        got = (isinstance(dst, DeviceArray), isinstance(src, DeviceArray))
+        if got != want:
+            side = {True: "GPU", False: "host"}
+            raise TypeError(f"{what}: the destination is {side[got[0]]} memory and the source "
+                            f"{side[got[1]]} memory")
 
     def copy_h2d(self, dst, src, stream=None):
         self._copy("copy host->device", dst, src, stream)
@@ -349,6 +464,7 @@ class EmulatedGPU(seam.GPU):
 
     def gemm(self, a, b, out, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, stream=None):
         self.check_gemm(a, b, out, trans_a, trans_b)
+        a, b, out = _plain(a), _plain(b), _plain(out)  # the emulator's own work: host views
 
         def run():
             prod = np.matmul(a.T if trans_a else a, b.T if trans_b else b)

@@ -265,6 +265,9 @@ class NativeRun:
     def _prep(a, want):
         shape, dt = want
         if type(a) is not np.ndarray or a.dtype != dt or not a.flags.c_contiguous:
+            if getattr(a, "__device_memory__", False):  # an (emulated) GPU's array
+                raise TypeError(f"native CPU code was handed a GPU's array "
+                                f"({a.dtype}{list(a.shape)}): it must be copied to the host")
             a = np.ascontiguousarray(a, dtype=dt)
         if a.shape != shape:
             a = a.reshape(shape)
