@@ -200,15 +200,8 @@ def split_joint(graph: Graph, wrt: list[int]) -> TrainingGraphs:
     for n in joint.topo_order():
         if n in remap or not (n in needed or n in grads or n in bwd_set):
             continue
-        d = joint.node(n)
-        if d["op"] == "const":
-            name = d["attrs"]["name"]
-            remap[n] = backward.add_const(joint.constants[name], name, d["device"])
-            continue
-        if n not in bwd_set:
-            continue
-        args = [NodeRef(remap[a.id]) if isinstance(a, NodeRef) else a for a in joint.args(n)]
-        remap[n] = backward.add_op(d["op"], args, d["attrs"], d.get("where"), d["device"])
+        if joint.op(n) == "const" or n in bwd_set:
+            remap[n] = backward.copy_node(joint, n, remap)
     backward.outputs = [remap[gr] for gr in grads]
     return TrainingGraphs(forward, backward, residuals, len(graph.outputs), reached)
 

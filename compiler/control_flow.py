@@ -646,16 +646,9 @@ def training_form(graph: Graph) -> Graph:
                                else ("cap", i - nd - ns))
         new_attrs = dict(attrs, body=Body(fwd), vjp=Body(tg.backward),
                          residuals=tuple(sources), wrt=tuple(wrt), n_outputs=n_out)
-        tup = graph.add_op("foreach", [NodeRef(a) for a in graph.arg_ids(n)], new_attrs,
-                           d.get("where"), d["device"])
-        shift = len(computed)
-        for u in graph.users(n):
-            k = graph.node(u)["attrs"]["index"]
-            new = graph.add_op("nth", [NodeRef(tup)], {"index": k if k < n_out else k + shift},
-                               graph.node(u).get("where"), graph.node(u)["device"])
-            graph.replace_uses(u, new)
-            graph.g.remove_node(u)
-        graph.g.remove_node(n)
+        shift = len(computed)  # the saved residuals come after the user's step outputs
+        graph.replace_control_node(n, graph.arg_ids(n), new_attrs,
+                                   lambda k: k if k < n_out else k + shift)
     return graph
 
 

@@ -168,6 +168,34 @@ class Graph:
         other._next = self._next
         return other
 
+    def copy_node(self, src: "Graph", n: int, remap: dict, device=None) -> int:
+        """Node ``n`` of graph ``src`` added here, its arguments read through ``remap`` (an
+        id of ``src`` -> an id here); a constant keeps its name where it is free here."""
+        d = src.node(n)
+        device = device or d["device"]
+        if d["op"] == "const":
+            name = d["attrs"]["name"]
+            return self.add_const(src.constants[name],
+                                  None if name in self.constants else name, device)
+        args = [NodeRef(remap[a.id]) if isinstance(a, NodeRef) else a for a in src.args(n)]
+        return self.add_op(d["op"], args, d["attrs"], d.get("where"), device)
+
+    def replace_control_node(self, old: int, args, attrs: dict, index=None) -> int:
+        """A control node (see ops/control.py) in place of ``old``: same op, place and
+        device, new operands and attributes; every ``nth`` reading ``old`` now reads result
+        ``index(k)`` (k by default) of the new one."""
+        d = self.node(old)
+        new = self.add_op(d["op"], [NodeRef(a) for a in args], attrs, d.get("where"),
+                          d["device"])
+        for u in self.users(old):
+            k = self.node(u)["attrs"]["index"]
+            m = self.add_op("nth", [NodeRef(new)], {"index": k if index is None else index(k)},
+                            self.node(u).get("where"), self.node(u)["device"])
+            self.replace_uses(u, m)
+            self.g.remove_node(u)
+        self.g.remove_node(old)
+        return new
+
     def replace_uses(self, old: int, new: int):
         """Every use of ``old`` (edges and outputs) now reads ``new``."""
         for _, dst, key, ed in list(self.g.out_edges(old, keys=True, data=True)):

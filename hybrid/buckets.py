@@ -28,7 +28,6 @@ from __future__ import annotations
 import bisect
 import json
 
-from compiler.graph import NodeRef
 from compiler.ops import Spec
 from compiler.passes.batch_axis import batch_axes
 from runtime import config
@@ -248,13 +247,4 @@ def _count_scans(g, scans):
     foreach reading the real size from a new last input."""
     valid = g.add_input(Spec((), "int64"), "valid_rows", g.node(g.inputs[0])["device"])
     for n in scans:
-        d = g.node(n)
-        new = g.add_op("foreach", [NodeRef(valid)] + [NodeRef(a) for a in g.arg_ids(n)],
-                       dict(d["attrs"], counted=True), d.get("where"), d["device"])
-        for u in g.users(n):
-            k = g.node(u)["attrs"]["index"]
-            m = g.add_op("nth", [NodeRef(new)], {"index": k}, g.node(u).get("where"),
-                         g.node(u)["device"])
-            g.replace_uses(u, m)
-            g.g.remove_node(u)
-        g.g.remove_node(n)
+        g.replace_control_node(n, [valid] + g.arg_ids(n), dict(g.node(n)["attrs"], counted=True))

@@ -18,7 +18,7 @@ Pure: returns a new graph; the input graph is not changed.
 """
 from __future__ import annotations
 
-from ..graph import Graph, NodeRef
+from ..graph import Graph
 from ..ops.control import CONTROL_OPS, Body
 
 STAY = frozenset(("random_uniform", "random_normal", "random_randint", "device_copy", "nth")
@@ -96,30 +96,14 @@ def _hoist(graph: Graph, n) -> int:
             need.add(k)
             todo.extend(body.arg_ids(k))
     for m in body.topo_order():
-        if m not in need:
-            continue
-        bd = body.node(m)
-        if bd["op"] == "const":
-            name = bd["attrs"]["name"]
-            outer[m] = graph.add_const(body.constants[name], None, d["device"])
-            continue
-        margs = [NodeRef(outer[a.id]) if isinstance(a, NodeRef) else a for a in body.args(m)]
-        outer[m] = graph.add_op(bd["op"], margs, bd["attrs"], bd.get("where"), d["device"])
+        if m in need:
+            outer[m] = graph.copy_node(body, m, outer, d["device"])
     # the body reads each frontier value as a new captured input
     new_body = body.copy()
     for k, m in enumerate(frontier):
         inp = new_body.add_input(new_body.spec(m), f"hoisted{k}", new_body.node(m)["device"])
         new_body.replace_uses(m, inp)
     new_body.remove_dead()
-    new_attrs = dict(attrs, body=Body(new_body))
-    loop = graph.add_op("foreach", [NodeRef(a) for a in args] +
-                        [NodeRef(outer[m]) for m in frontier], new_attrs, d.get("where"),
-                        d["device"])
-    for u in graph.users(n):
-        k = graph.node(u)["attrs"]["index"]
-        m = graph.add_op("nth", [NodeRef(loop)], {"index": k}, graph.node(u).get("where"),
-                         graph.node(u)["device"])
-        graph.replace_uses(u, m)
-        graph.g.remove_node(u)
-    graph.g.remove_node(n)
+    graph.replace_control_node(n, args + [outer[m] for m in frontier],
+                               dict(attrs, body=Body(new_body)))
     return len(frontier)
