@@ -106,3 +106,20 @@ def test_a_hybridized_scan_with_an_invariant_in_its_body_equals_eager():
         results.append([out.asnumpy(), final.asnumpy()] + [a.grad.asnumpy() for a in args])
     for a, b in zip(*results, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_a_checked_gather_stays_in_the_body():
+    """take(mode='raise') from captured arrays is invariant but can fail: hoisted, a loop of
+    zero steps would raise where eager runs no step at all."""
+    from hybrid import npx
+
+    def fn(x, w, idx):
+        def body(d, st):
+            s = st[0] + hb.take(w, idx, mode="raise").sum() + d.sum()
+            return s, [s]
+        return npx.foreach(body, x, [hb.zeros((1,))])[1][0]
+
+    w, bad = hb.array(np.ones((3, 2), F32)), hb.array(np.array([5]), dtype="int64")
+    empty = hb.array(np.zeros((0, 2), F32))
+    for f in (fn, hb.hybridize(fn, backend="llvm")):
+        np.testing.assert_array_equal(f(empty, w, bad).asnumpy(), [0.0])  # no step, no error

@@ -12,7 +12,8 @@ What moves: the body nodes that consume variant values (a step's data, a state) 
 themselves invariant — the *frontier* — together with the invariant nodes they need.
 Nothing grows: a frontier value larger than the captured arrays it reads (a bias broadcast
 to the batch) stays in the body, where it is a stride-0 read, not a buffer re-read at every
-step. Random draws, device copies and nested control flow stay too, as do training graphs'
+step. Random draws, device copies, nested control flow and checked gathers (hoisted, an index out
+of range would raise even where the loop takes no step) stay too, as do training graphs'
 forward loops (their ``vjp`` refers to body inputs by position).
 Pure: returns a new graph; the input graph is not changed.
 """
@@ -49,13 +50,19 @@ def _invariants(body: Graph, n_variant: int):
         op = body.op(m)
         if op == "const":
             invariant.add(m)
-        elif op not in ("input", "param") and op not in STAY and \
-                all(a in invariant for a in body.arg_ids(m)) and body.arg_ids(m):
+        elif op not in ("input", "param") and op not in STAY and not _may_raise(body, m) \
+                and all(a in invariant for a in body.arg_ids(m)) and body.arg_ids(m):
             invariant.add(m)
     outputs = set(body.outputs)
     frontier = [m for m in order if m in invariant and body.op(m) not in ("input", "const")
                 and (m in outputs or any(u not in invariant for u in body.users(m)))]
     return invariant, frontier
+
+
+def _may_raise(body: Graph, m) -> bool:
+    """An op that can fail at run time (a checked gather's out-of-range index): hoisted, it
+    would run, and raise, even where the loop takes no step."""
+    return body.op(m) == "take" and body.node(m)["attrs"].get("mode", "clip") == "raise"
 
 
 def _captured_size(body: Graph, m, captured: set) -> int:
