@@ -14,6 +14,9 @@
 #               (150 s) tests/test_gpu_emulated.py with HYBRID_GPU_EMULATE unset, so it runs
 #                       on the real GPU (the registry sweep in float32 only: CuPy compiles
 #                       each new kernel with NVRTC, and a fresh machine has no kernel cache);
+#      fuzz     (150 s) GPU_CHECK_FUZZ_N (40) fresh differential-fuzzer programs, eager CuPy
+#                       ops vs the CUDA backend on the GPU (~0.5-1 s each; a failure prints
+#                       the program and its reproduction blob);
 #   3. bench    (270 s) benchmarks/bench_gpu.py (hybrid eager and hybridized backend="cuda"
 #                       beside torch eager, torch.compile reduce-overhead and JAX jit);
 #   4. report           benchmarks/gpu_report.py writes gpu_check.json (device, date, tests
@@ -26,8 +29,9 @@
 #     bash benchmarks/gpu_wheels.sh           # once: the wheels that machine lacks
 #     run(command="bash benchmarks/gpu_check.sh", carry=["benchmarks/wheels"], timeout_s=560)
 #
-# GPU_CHECK_T_MARKED / _T_FILE / _T_BENCH (seconds) and GPU_CHECK_BENCH_BUDGET shorten the steps
-# where less device time is left (a rerun after a fix).
+# GPU_CHECK_T_MARKED / _T_FILE / _T_FUZZ / _T_BENCH (seconds) and GPU_CHECK_BENCH_BUDGET
+# shorten the steps where less device time is left (a rerun after a fix); GPU_CHECK_STEPS
+# ("tests fuzz bench" by default) runs some of them only.
 #
 # GPU_CHECK_SMOKE=1 runs the same plumbing on two EMULATED GPUs with tiny sizes (seconds to a
 # minute; results under /tmp/gpu_check_smoke, labelled emulated): how CI-less machines check
