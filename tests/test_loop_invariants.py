@@ -67,6 +67,12 @@ def test_a_captured_weights_transpose_is_computed_once_before_the_loop():
         assert "transpose" not in ops and "mul" not in ops, ops
         assert "broadcast_to" in ops, ops  # larger than the bias it reads: stays a view
         assert "transpose" in [out.op(n) for n in out.g.nodes]
+        # w is read by the hoisted transpose only: the body no longer takes it
+        (loop,) = [n for n in out.g.nodes if out.op(n) == "foreach"]
+        body = out.node(loop)["attrs"]["body"].graph
+        assert [str(body.spec(i)) for i in body.inputs] == \
+            ["f32[2,4]", "f32[2,3]", "f32[3]", "f32[4,3]"]
+        assert len(out.arg_ids(loop)) == len(body.inputs)  # x, s0, b, w.T
         for a, b in zip(_run(g, _inputs()), _run(out, _inputs()), strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
         again, rep2 = hoist_loop_invariants(out)

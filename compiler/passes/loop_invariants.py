@@ -111,6 +111,13 @@ def _hoist(graph: Graph, n) -> int:
         inp = new_body.add_input(new_body.spec(m), f"hoisted{k}", new_body.node(m)["device"])
         new_body.replace_uses(m, inp)
     new_body.remove_dead()
-    graph.replace_control_node(n, args + [outer[m] for m in frontier],
+    # a captured array only the hoisted values read is no longer the body's to take
+    operands = dict(zip(new_body.inputs[n_variant:], captured_args + [outer[m] for m in frontier]))
+    for inp in list(operands):
+        if not new_body.users(inp) and inp not in new_body.outputs:
+            new_body.inputs.remove(inp)
+            new_body.g.remove_node(inp)
+            del operands[inp]
+    graph.replace_control_node(n, args[:counted + n_variant] + list(operands.values()),
                                dict(attrs, body=Body(new_body)))
     return len(frontier)
