@@ -406,6 +406,37 @@ def test_an_emulated_gpus_memory_is_not_host_memory():
                                           np.int32(32)])
 
 
+def test_a_one_row_inputs_first_columns_on_the_cuda_backend():
+    """x[:, :3] of a 1 x 4 input is the buffer's first 3 elements: the CUDA executable takes
+    it as an alias of the input's buffer of another size (it reshaped the whole buffer and
+    failed, found by a fresh fuzzer run); two rows are a strided view, copied."""
+    class FirstCols(nn.HybridBlock):
+        def __init__(self):
+            super().__init__()
+            self.d = nn.Dense(3, in_units=3, activation="tanh")
+
+        def forward(self, x):
+            return self.d(x[:, :3])
+    dev = hb.gpu(0)
+    for rows in (1, 2):
+        net = FirstCols()
+        net.initialize(device=dev)
+        x = hb.array(np.random.default_rng(rows).standard_normal((rows, 4)), dtype="float32",
+                     device=dev)
+        want = net(x).asnumpy()
+        net.hybridize(backend="cuda")  # the generated kernels vs eager: to rounding
+        np.testing.assert_allclose(net(x).asnumpy(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_the_llvm_backend_refuses_a_graph_on_a_gpu():
+    net = nn.Dense(2, in_units=3)
+    net.initialize(device=hb.gpu(0))
+    net.hybridize(backend="llvm")
+    with pytest.raises(ValueError, match="backend='llvm' compiles for CPUs, but this graph "
+                                         "runs on gpu.0.; hybridize with backend='cuda'"):
+        net(hb.ones((1, 3), device=hb.gpu(0))).wait_to_read()
+
+
 def test_a_loop_body_on_a_gpu_refuses_ops_elsewhere():
     """A loop's body runs on the loop's device; an op on another device inside it is a clear
     error when it compiles (the steps would hand GPU memory to CPU code)."""

@@ -489,15 +489,20 @@ def test_programs_on_the_cuda_backend_equal_eager_on_the_gpu(prog, emulated_gpu)
     check_program(dataclasses.replace(prog, backend="cuda"), None, device=emulated_gpu)
 
 
-# Programs the fresh-program run on an H100 found (test_fresh_programs_on_a_real_gpu_...),
-# run on the emulated GPU by every CI run: a scan trained through the CUDA backend (its
-# reverse scan's gradient accumulators were placed on the host: the body compiled as a CPU
-# part fed GPU memory), and a whole-array write of a scalar (its fill made on the host).
+# Programs fresh runs on a GPU found (the H100's test_fresh_programs_on_a_real_gpu_..., and
+# the emulated GPU's), run on the emulated GPU by every CI run: a scan trained through the
+# CUDA backend (its reverse scan's gradient accumulators were placed on the host: the body
+# compiled as a CPU part fed GPU memory), a whole-array write of a scalar (its fill made on
+# the host), a batch of one row's first columns read as a prefix of the input's buffer.
 FOUND_ON_A_GPU = [
     Program(batch=2, width=1, steps=[("scan", "dense")], scalar_arg=None, later=[],
             calls=["train"], backend="cuda", sizes=None),
     Program(batch=2, width=1, steps=[("write_inter", "cols")], scalar_arg=None, later=[],
             calls=["train"], backend="cuda", sizes=None),
+    # found by a fresh run on the emulated GPU: a one-row batch's first columns (x[:, :3] of a
+    # 1 x 4 input: a contiguous prefix) read by a Dense through an io alias of another size
+    Program(batch=2, width=4, steps=[("shared",)], scalar_arg=None, later=[],
+            calls=["predict"], backend="cuda", sizes=[1]),
 ]
 
 

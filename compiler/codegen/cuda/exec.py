@@ -14,6 +14,7 @@ order, as every GPU op's are.
 """
 from __future__ import annotations
 
+
 import threading
 import time
 from pathlib import Path
@@ -26,7 +27,7 @@ from runtime.gpu.seam import GemmSpec
 
 from ..lower import gather_outputs, lower
 from .emit import emit_cuda
-from .replay import StaticGraph
+from .replay import StaticGraph, alias_view
 from .writer import WORKSPACE_ALIGN
 
 _log = config.logger("compile")
@@ -113,7 +114,7 @@ class CudaRun:
                 io[pos] = outs[v] = self.gpu.empty(*self.want[pos])
         for pos, (kind, v) in enumerate(self.entries):
             if kind == "alias":  # the same buffer under another shape
-                io[pos] = io[v].reshape(self.want[pos][0])
+                io[pos] = alias_view(io[v], self.want[pos][0])
         with self.lock:
             if self.graph.usable():
                 self.graph.call(io)

@@ -35,11 +35,20 @@ stats and goes on with plain launches.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from runtime import config
 
 _log = config.logger("compile")
+
+
+def alias_view(a, shape):
+    """An io alias (lower.Binding): the first elements of ``a``'s buffer under ``shape``: a
+    reshape, or a contiguous prefix (x[:, :3] of a one-row x is the row's first 3)."""
+    n = math.prod(shape)
+    return (a if a.size == n else a.reshape(-1)[:n]).reshape(shape)
 
 MAX_POINTER_CAPTURES = 4
 
@@ -150,7 +159,7 @@ class StaticGraph:
                 static[pos] = run.consts[pos]  # the executable's own already
         for pos, (kind, v) in enumerate(run.entries):
             if kind == "alias":  # the same static buffer under another shape
-                static[pos] = static[v].reshape(run.want[pos][0])
+                static[pos] = alias_view(static[v], run.want[pos][0])
         return static
 
     def _buffers(self, io):

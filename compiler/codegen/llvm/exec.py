@@ -19,6 +19,10 @@ _log = config.logger("compile")
 
 
 def llvm_compile(graph, device, in_specs, param_specs) -> Executable:
+    if str(device).startswith("gpu"):  # native CPU code cannot read a GPU's memory
+        raise ValueError(f"backend='llvm' compiles for CPUs, but this graph runs on {device}; "
+                         "hybridize with backend='cuda' (the default on a GPU), or put its "
+                         "inputs and parameters on hb.cpu()")
     t0 = time.perf_counter()
     program, binding = lower(graph)
     t1 = time.perf_counter()
