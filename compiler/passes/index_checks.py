@@ -35,11 +35,15 @@ class IndexCheck:
                              "take() to clip or wrap indices instead")
 
 
+def is_checked_gather(graph: Graph, n) -> bool:
+    """A gather whose out-of-range index raises (take, mode='raise'): it can fail at run time."""
+    return graph.op(n) == "take" and graph.node(n)["attrs"].get("mode", "clip") == "raise"
+
+
 def add_index_checks(graph: Graph):
     """Graph -> (Graph, [IndexCheck]). Pure: the input graph is not modified; the checks'
     outputs come after the graph's own."""
-    takes = [n for n in graph.op_nodes() if graph.op(n) == "take" and
-             graph.node(n)["attrs"].get("mode", "clip") == "raise"]
+    takes = [n for n in graph.op_nodes() if is_checked_gather(graph, n)]
     if not takes:
         return graph, []
     g = graph.copy()

@@ -20,10 +20,18 @@ Pure: returns a new graph; the input graph is not changed.
 from __future__ import annotations
 
 from ..graph import Graph
-from ..ops.control import CONTROL_OPS, Body
+from ..ops import REGISTRY
+from ..ops.control import Body
+from .index_checks import is_checked_gather
 
-STAY = frozenset(("random_uniform", "random_normal", "random_randint", "device_copy", "nth")
-                 ) | frozenset(CONTROL_OPS)
+
+def _stays(body: Graph, m) -> bool:
+    """Ops never hoisted: random draws (source ops with a key), control flow and its nth,
+    device copies, and what can fail at run time (hoisted, it would run, and raise, even
+    where the loop takes no step)."""
+    op = body.op(m)
+    return REGISTRY[op].kind in ("source", "control") or op == "device_copy" or \
+        is_checked_gather(body, m)
 
 
 def hoist_loop_invariants(graph: Graph):
@@ -40,29 +48,22 @@ def hoist_loop_invariants(graph: Graph):
                  "hoisted": hoisted}
 
 
-def _invariants(body: Graph, n_variant: int):
-    """(invariant node ids, frontier in topological order): nodes computed from the
-    captured inputs (body inputs past the first ``n_variant``) and constants only, and those
-    of them that a variant node or an output reads."""
+def _frontier(body: Graph, n_variant: int) -> list:
+    """In topological order, the invariant nodes (computed from the captured inputs, body
+    inputs past the first ``n_variant``, and constants only) that a variant node or an
+    output reads."""
     invariant = set(body.inputs[n_variant:])
     order = body.topo_order()
     for m in order:
         op = body.op(m)
         if op == "const":
             invariant.add(m)
-        elif op not in ("input", "param") and op not in STAY and not _may_raise(body, m) \
-                and all(a in invariant for a in body.arg_ids(m)) and body.arg_ids(m):
+        elif op not in ("input", "param") and body.arg_ids(m) and not _stays(body, m) \
+                and all(a in invariant for a in body.arg_ids(m)):
             invariant.add(m)
     outputs = set(body.outputs)
-    frontier = [m for m in order if m in invariant and body.op(m) not in ("input", "const")
-                and (m in outputs or any(u not in invariant for u in body.users(m)))]
-    return invariant, frontier
-
-
-def _may_raise(body: Graph, m) -> bool:
-    """An op that can fail at run time (a checked gather's out-of-range index): hoisted, it
-    would run, and raise, even where the loop takes no step."""
-    return body.op(m) == "take" and body.node(m)["attrs"].get("mode", "clip") == "raise"
+    return [m for m in order if m in invariant and body.op(m) not in ("input", "const")
+            and (m in outputs or any(u not in invariant for u in body.users(m)))]
 
 
 def _captured_size(body: Graph, m, captured: set) -> int:
@@ -88,9 +89,9 @@ def _hoist(graph: Graph, n) -> int:
     n_variant = attrs["n_data"] + attrs["n_states"]
     args = graph.arg_ids(n)  # every foreach operand is an array
     captured_args = args[counted + n_variant:]
-    invariant, frontier = _invariants(body, n_variant)
     captured = set(body.inputs[n_variant:])
-    frontier = [m for m in frontier if body.spec(m).size <= _captured_size(body, m, captured)]
+    frontier = [m for m in _frontier(body, n_variant)
+                if body.spec(m).size <= _captured_size(body, m, captured)]
     if not frontier:
         return 0
     # the frontier's invariant nodes, copied before the loop (captured inputs -> operands)
