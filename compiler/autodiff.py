@@ -65,7 +65,7 @@ def differentiate(graph: Graph, wrt: list[int]):
         gi = joint.add_input(joint.spec(o), f"grad_out{i}", joint.node(o)["device"])
         joint.inputs.remove(gi)  # not a forward input: tracked separately
         grad_inputs.append(gi)
-        _acc(F, acc, o, Sym(joint, gi))
+        _acc(b, acc, o, Sym(joint, gi))
     need = set()
     for w in wrt:
         need |= nx.descendants(graph.g, w) | {w}
@@ -76,6 +76,7 @@ def differentiate(graph: Graph, wrt: list[int]):
             if n in acc and n in need:
                 cot = results.setdefault(graph.arg_ids(n)[0], {})
                 k = d["attrs"]["index"]
+                b.device = d.get("device", "cpu(0)")
                 cot[k] = acc[n] if k not in cot else F.add(cot[k], acc[n])
             continue
         if d["op"] in CONTROL_OPS:
@@ -95,7 +96,7 @@ def differentiate(graph: Graph, wrt: list[int]):
         for a, g in zip(args, in_grads):
             if g is None or not isinstance(a, Sym) or a.id not in need:
                 continue
-            _acc(F, acc, a.id, g)
+            _acc(b, acc, a.id, g)
     grads = []
     for w in wrt:
         if w in acc:
@@ -108,8 +109,18 @@ def differentiate(graph: Graph, wrt: list[int]):
     return joint, grad_inputs, grads, [w in acc for w in wrt]
 
 
-def _acc(F, acc, nid, g):
-    acc[nid] = g if nid not in acc else F.add(acc[nid], g)
+def _acc(b, acc, nid, g):
+    """Add ``g`` to the gradient of node ``nid``, on that node's device: a sum of two
+    gradient paths (a body's output that is also its next state; a value read on two
+    devices) is made where the value lives, never on the builder's default device."""
+    if nid not in acc:
+        acc[nid] = g
+        return
+    device, b.device = b.device, b.graph.node(nid).get("device", "cpu(0)")
+    try:
+        acc[nid] = b.F.add(acc[nid], g)
+    finally:
+        b.device = device
 
 
 VIEW_OPS = ("reshape", "transpose", "broadcast_to", "slice")

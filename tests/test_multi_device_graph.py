@@ -185,3 +185,23 @@ def test_export_refuses_a_graph_spanning_devices(tmp_path):
     f(x)
     with pytest.raises(ValueError, match="spans devices cpu\\(0\\), cpu\\(1\\)"):
         hb.deploy.export(f, str(tmp_path / "art"), example_inputs=(x,))
+
+
+def test_gradient_sums_are_made_on_the_device_of_their_value():
+    """Where two gradient paths meet (an output listed twice, as a loop body's step output
+    that is also its next state; a value read on two devices), their sum is made on the
+    value's device, not the builder's default cpu(0): a GPU loop body's backward with an
+    add on cpu(0) was refused at compile time (training a gluon LSTM on the CUDA backend)."""
+    from compiler.autodiff import differentiate
+    g = Graph("t")
+    x = g.add_input(Spec((2, 3), "float32"), "x", "gpu(0)")
+    y = _op(g, "tanh", x, on="gpu(0)")
+    z = _op(g, "device_copy", y, device="cpu(1)", source="gpu(0)", on="cpu(1)")
+    back = _op(g, "device_copy", _op(g, "exp", z, on="cpu(1)"), device="gpu(0)",
+               source="cpu(1)", on="gpu(0)")
+    g.outputs = [y, y, _op(g, "mul", y, back, on="gpu(0)")]
+    joint, _, grads, _ = differentiate(g, [x])
+    new = set(joint.g.nodes) - set(g.g.nodes)
+    adds = [n for n in new if joint.op(n) == "add"]
+    assert adds and all(joint.node(n)["device"] == "gpu(0)" for n in adds)
+    assert joint.node(grads[0])["device"] == "gpu(0)"
