@@ -603,6 +603,32 @@ def test_cuda_backend_on_an_emulated_gpu(emulated_gpu):
         close(a.asnumpy(), b.asnumpy(), rtol=1e-5, atol=1e-5)
 
 
+def test_cuda_backend_trains_on_an_emulated_gpu(emulated_gpu):
+    """A recorded step on the CUDA backend (the forward loop stores the gates it saves for the
+    backward from the cell's one fused kernel): outputs and gradients as eager's on the CPU."""
+    layer, _ = setup("lstm", 4, 3)
+    x = RNG.normal(size=(5, 2, 3)).astype("float32")
+    wy = RNG.normal(size=(5, 2, 4)).astype("float32")
+
+    def step(device):
+        xs = hb.array(x, device=device)
+        xs.attach_grad()
+        with autograd.record():
+            out = layer(xs)
+            loss = (out * hb.array(wy, device=device)).sum()
+        loss.backward()
+        return out.asnumpy(), xs.grad.asnumpy(), {
+            k: p.grad(device).asnumpy().copy() for k, p in layer.collect_params().items()}
+    want = step(hb.cpu())
+    layer.reset_device(emulated_gpu)
+    layer.hybridize(backend="cuda")
+    got = step(emulated_gpu)
+    close(got[0], want[0], rtol=1e-5, atol=1e-5)
+    close(got[1], want[1], rtol=1e-4, atol=1e-5)
+    for k in want[2]:
+        close(got[2][k], want[2][k], rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("mode,num_layers,bidirectional,layout", CASES)
 def test_loops_split_across_threads_agree_with_eager(monkeypatch, mode, num_layers,
                                                      bidirectional, layout):

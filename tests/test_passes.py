@@ -123,6 +123,112 @@ def test_fusion_refuses_broadcast_recompute_and_says_why():
     assert n == e and "broadcasts" in why
 
 
+def _saved_cell(n, h):
+    """An LSTM cell as a training forward leaves it: every gate and the new cell state are
+    graph outputs (saved for the backward) and read by the rest of the chain."""
+    g = Graph("cell")
+    x = g.add_input(Spec((n, 4 * h), "float32"), "x")
+    c = g.add_input(Spec((n, h), "float32"), "c")
+    sl = [op(g, "slice", x, begin=(0, k * h), end=(n, (k + 1) * h), step=(1, 1))
+          for k in range(4)]
+    i, f, o = (op(g, "sigmoid", s) for s in sl[:3])
+    t = op(g, "tanh", sl[3])
+    c2 = op(g, "add", op(g, "mul", f, c), op(g, "mul", i, t))
+    tc = op(g, "tanh", c2)
+    h2 = op(g, "mul", o, tc)
+    g.outputs = [h2, i, f, o, t, c2, tc]
+    return g
+
+
+@pytest.fixture
+def stored_on_cpus_too(monkeypatch):
+    """Saved values stored by their consumer's kernel on CPU graphs too (by default only on
+    GPUs), so that the LLVM backend runs such kernels here."""
+    from compiler.passes import fusion
+    monkeypatch.setattr(fusion, "STORED_IN_CONSUMER_ON", ("gpu", "cpu"))
+
+
+def test_saved_values_are_stored_by_their_consumers_kernel_on_a_gpu_only():
+    """On a GPU graph the cell is one kernel (a launch per kernel per time step costs more
+    than the re-reads); on a CPU graph, the default, the chain splits at its saved values."""
+    g = _saved_cell(6, 8)
+    assert fuse(g)[1]["kernels"] == 7
+    for n in g.g.nodes:
+        g.node(n)["device"] = "gpu(0)"
+    fused, report = fuse(g)
+    assert report["kernels"] == 1, report["summary"]
+
+
+def test_values_saved_for_the_backward_are_stored_by_their_consumers_kernel(
+        stored_on_cpus_too):
+    """A graph output read by one elementwise consumer is computed in that consumer's loop
+    and stored there too (multi-output fusion): the cell is one kernel with seven outputs,
+    not seven kernels each reading the last one's result back; the results are unchanged on
+    the reference interpreter and the LLVM backend."""
+    from compiler.pipeline import compile as compile_graph
+    g = _saved_cell(6, 8)
+    fused, report = fuse(g)
+    loops = [grp for grp in fused.meta["fusion"]["groups"] if grp["kind"] != "view"]
+    assert report["kernels"] == 1, report["summary"]
+    (grp,) = loops
+    assert grp["root"] == g.outputs[0] and sorted(grp["extra_outputs"]) == sorted(g.outputs[1:])
+    assert "graph output" not in "".join(why for _, _, why in fused.meta["fusion"]["refused"])
+    rng = np.random.default_rng(0)
+    ins = [rng.standard_normal(g.spec(n).shape).astype(np.float32) for n in g.inputs]
+    expect = run_reference(g, ins)
+    out, _ = run_passes(g)
+    check_plan(out)
+    for e, r in zip(expect, run_reference(out, ins)):
+        np.testing.assert_array_equal(r, e)
+    for e, r in zip(expect, compile_graph(g, "llvm")(np, ins, [])):
+        np.testing.assert_allclose(r, e, rtol=1e-6, atol=1e-6)
+
+
+def test_a_saved_value_in_a_reductions_prologue_is_stored_by_the_reduction(stored_on_cpus_too):
+    """The consumer's group may end in a reduction: the saved value is a full-shape output
+    of the reduction's loop (a softmax's exp, saved, and its sum)."""
+    from compiler.pipeline import compile as compile_graph
+    g, (x,) = _g((5, 7))
+    e = op(g, "exp", x)
+    s = op(g, "sum", op(g, "mul", e, 2.0), axis=1, keepdims=True)
+    g.outputs = [s, e]
+    fused, report = fuse(g)
+    assert report["kernels"] == 1, report["summary"]
+    ins = [np.random.default_rng(1).standard_normal((5, 7)).astype(np.float32)]
+    expect = run_reference(g, ins)
+    for e_, r in zip(expect, compile_graph(g, "llvm")(np, ins, [])):
+        np.testing.assert_allclose(r, e_, rtol=1e-6, atol=1e-6)
+
+
+def test_a_saved_value_whose_consumer_ends_an_extern_epilogue_keeps_its_own_kernel(
+        stored_on_cpus_too):
+    """mask * (x @ w), the mask saved (a training dropout after a Dense layer): the product
+    becomes the matmul's epilogue, which stores one output, so the mask is computed by a
+    kernel of its own (found by the program fuzzer: the mask had no slot)."""
+    from compiler.pipeline import compile as compile_graph
+    g, (x, w, y) = _g((4, 3), (3, 5), (4, 5))
+    m = op(g, "sigmoid", y)
+    g.outputs = [op(g, "mul", m, op(g, "matmul", x, w)), m]
+    grp = fuse(g)[0].meta["fusion"]["groups"]
+    assert all(not grp_["extra_outputs"] for grp_ in grp)
+    ins = [np.random.default_rng(2).standard_normal(g.spec(i).shape).astype(np.float32)
+           for i in g.inputs]
+    for e, r in zip(run_reference(g, ins), compile_graph(g, "llvm")(np, ins, [])):
+        np.testing.assert_allclose(r, e, rtol=1e-6, atol=1e-6)
+
+
+def test_a_saved_value_read_by_two_consumers_or_broadcast_keeps_its_own_kernel(
+        stored_on_cpus_too):
+    g, (x, y) = _g((4, 3), (1, 3))
+    s = op(g, "sigmoid", x)
+    a = op(g, "add", s, 1.0)
+    b = op(g, "mul", s, x)
+    t = op(g, "tanh", y)  # read by a consumer that broadcasts it
+    g.outputs = [a, b, s, t, op(g, "add", t, x)]
+    grp = fuse(g)[0].meta["fusion"]["groups"]
+    assert all(not grp_["extra_outputs"] for grp_ in grp)
+
+
 def test_schedule_prefers_freeing_memory_and_plan_reuses_buffers():
     g, (x,) = _g((256, 256))
     a = op(g, "exp", x)
@@ -227,6 +333,18 @@ def test_random_graphs_llvm_backend_matches_reference(g, seed):
     for e, r in zip(expect, got):
         assert r.shape == e.shape and r.dtype == e.dtype
         np.testing.assert_allclose(r, e, rtol=1e-5, atol=1e-5)
+
+
+@settings(max_examples=40, deadline=None)
+@given(random_graphs(), st.integers(0, 2**31 - 1))
+def test_random_graphs_with_values_stored_by_their_consumers_match_reference(g, seed):
+    """The same on the LLVM backend with saved values stored by their consumers' kernels
+    (what GPU graphs get): the lowering of kernels with several outputs."""
+    from unittest import mock
+
+    from compiler.passes import fusion
+    with mock.patch.object(fusion, "STORED_IN_CONSUMER_ON", ("gpu", "cpu")):
+        test_random_graphs_llvm_backend_matches_reference.hypothesis.inner_test(g, seed)
 
 
 @pytest.mark.parametrize("where", ["input", "arena"])

@@ -299,9 +299,24 @@ class _Lowering:
         expr = self._expr(root, members, sp.shape, loads)
         slot = self._root_slot(gid, root)
         out = self._contig(slot, sp.shape)
-        self.pb.loop(sp.shape, loads, [Output(self._access(out, sp.shape), expr)],
-                     name=f"k{gid}_{self.g.op(root)}")
+        outputs = [Output(self._access(out, sp.shape), expr)]
+        outputs += self._extra_outputs(gid, grp, members, sp.shape, loads)
+        self.pb.loop(sp.shape, loads, outputs, name=f"k{gid}_{self.g.op(root)}")
         self.layouts[root] = out
+
+    def _extra_outputs(self, gid, grp, members, loop_shape, loads) -> list:
+        """The group's other stored values (fusion's ``extra_outputs``: graph outputs read
+        by the rest of the group), each an Output of the same loop; the expressions share
+        their common parts with the root's (the emitters evaluate equal subexpressions once)."""
+        outs = []
+        for m in grp.get("extra_outputs", ()):
+            sp = self.g.spec(m)
+            assert tuple(sp.shape) == tuple(loop_shape), (m, sp.shape, loop_shape)
+            lay = self._contig(self._root_slot(gid, m), sp.shape)
+            outs.append(Output(self._access(lay, loop_shape),
+                               self._expr(m, members, loop_shape, loads)))
+            self.layouts[m] = lay
+        return outs
 
     def _reduce_group(self, gid, grp):
         g = self.g
@@ -328,8 +343,9 @@ class _Lowering:
             else:
                 strides.append(cs[k])
                 k += 1
-        self.pb.loop(in_shape, loads, [Output(Access(slot, tuple(strides), 0), expr,
-                                              reduce=g.op(root))], name=f"k{gid}_{g.op(root)}")
+        outputs = [Output(Access(slot, tuple(strides), 0), expr, reduce=g.op(root))]
+        outputs += self._extra_outputs(gid, grp, members, in_shape, loads)
+        self.pb.loop(in_shape, loads, outputs, name=f"k{gid}_{g.op(root)}")
         self.layouts[root] = self._contig(slot, sp.shape)
 
     def _extern_group(self, gid, grp):

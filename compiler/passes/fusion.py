@@ -3,7 +3,10 @@
 First the materialization decision, value by value, with the rule that decided it; then
 every op node joins a group whose single materialized root is the group's output:
 
-- 'elementwise': a chain/tree of elementwise ops evaluated in one loop nest;
+- 'elementwise': a chain/tree of elementwise ops evaluated in one loop nest; on a GPU, a
+  value in it that is also a graph output (a training forward's saved residual: an LSTM
+  cell's gates) is stored by the same loop as a second output (``extra_outputs``) instead
+  of a kernel of its own whose result the rest of the chain reads back;
 - 'reduce': a reduction with its elementwise prologue;
 - 'extern': matmul/conv/pool with an elementwise epilogue applied in place (bias + ReLU);
 - 'view': reshape/transpose/broadcast/slice of a value already in memory (an access map,
@@ -23,6 +26,12 @@ _log = config.logger("fusion")
 VIEW_OPS = ("reshape", "transpose", "broadcast_to", "slice")
 CHEAP_TO_RECOMPUTE = ("full", "arange")
 EPILOGUE_OF = ("matmul", "conv2d")
+# Devices whose kernels store saved values from their consumer's loop (stored_in_consumer).
+# A GPU pays a launch (and a step's host work) per kernel: an LSTM cell's training forward is
+# one kernel instead of seven per time step. Not on a CPU: there a call costs little, and the
+# one long loop body holds more constants than AVX2 has registers (spills), measured ~10%
+# slower than the chain split at its saved values (the cell at 16-256 rows on the dev box).
+STORED_IN_CONSUMER_ON = ("gpu",)
 
 
 def _kind(graph, n):
@@ -64,10 +73,65 @@ def materialization(graph: Graph):
     return must, refused
 
 
+def stored_in_consumer(graph: Graph, must) -> dict:
+    """{node: its consumer}: elementwise values in memory only because they are graph
+    outputs, whose one consumer is an elementwise op of the same shape on the same device
+    (one of STORED_IN_CONSUMER_ON). Such a value is computed in its consumer's loop and
+    stored there as an extra output: one kernel instead of one that writes it and one that
+    reads it back."""
+    out = {}
+    for n, why in must.items():
+        if why != "graph output" or _kind(graph, n) != "elementwise" or \
+                not str(graph.node(n)["device"]).startswith(STORED_IN_CONSUMER_ON):
+            continue
+        users = graph.users(n)
+        if len(users) != 1:
+            continue
+        (u,) = users
+        if _kind(graph, u) == "elementwise" and graph.spec(u).shape == graph.spec(n).shape and \
+                graph.node(u)["device"] == graph.node(n)["device"]:
+            out[n] = u
+    return out
+
+
 def fuse(graph: Graph):
     """Graph -> (Graph, report); the groups go to ``graph.meta['fusion']``."""
     g = graph.copy()
-    must, refused = materialization(g)
+    must0, refused0 = materialization(g)
+    stored = stored_in_consumer(g, must0)
+    while True:
+        must = dict(must0)
+        refused = [r for r in refused0 if r[0] not in stored]
+        out_groups, group_of, epilogue_hits = _group(g, must, refused, stored)
+        # only a loop or a reduction stores extra outputs: a saved value whose consumer's
+        # group became an extern's epilogue or an argmax keeps a kernel of its own
+        unstored = {m for grp in out_groups for m in grp["extra_outputs"]
+                    if grp["kind"] not in ("elementwise", "reduce")
+                    or g.op(grp["root"]) in ("argmax", "argmin")}
+        if not unstored:
+            break
+        stored = {n: u for n, u in stored.items() if n not in unstored}
+    for n, users, why in refused:
+        if config.log_enabled("fusion"):
+            _log.info("not fusing %%%d (%s) into %s: %s", n, g.op(n),
+                      ", ".join(f"%{u}" for u in users), why)
+    g.meta["fusion"] = {"groups": out_groups, "group_of": group_of,
+                        "materialized": dict(must), "refused": refused,
+                        "epilogues": epilogue_hits}
+    n_extra = sum(len(grp["extra_outputs"]) for grp in out_groups)
+    kernels = [grp for grp in out_groups if grp["kind"] != "view"]
+    return g, {"kernels": len(kernels), "groups": len(out_groups),
+               "summary": f"{len(g.op_nodes())} op nodes -> {len(kernels)} kernel(s) "
+                          f"({sum(1 for k in kernels if k['kind'] == 'extern')} extern, "
+                          f"{len(epilogue_hits)} fused epilogue(s), "
+                          f"{n_extra} extra output(s), "
+                          f"{sum(1 for x in out_groups if x['kind'] == 'view')} view(s))"}
+
+
+def _group(g: Graph, must: dict, refused: list, stored: dict):
+    """Union the op nodes into kernels given the values in memory (``must``, updated where
+    a merge is refused) and the saved values ``stored`` in their consumers' loops:
+    (groups, group_of, epilogues)."""
     parent: dict[int, int] = {}
 
     def find(x):
@@ -106,6 +170,8 @@ def fuse(graph: Graph):
                 refused.append((a, [n], must[a]))
             elif a not in must and kind in ("elementwise", "reduce"):
                 merge(a, n, "joining it would put two extern kernels in one group")
+            elif stored.get(a) == n and not has_extern.get(find(a)):
+                merge(a, n, "joining it would put two extern kernels in one group")
             elif (kind == "elementwise" and g.op(a) in EPILOGUE_OF and
                   g.users(a) == [n] and a not in g.outputs and
                   g.spec(a).size == g.spec(n).size and
@@ -136,23 +202,13 @@ def fuse(graph: Graph):
         else:
             kind = kinds.pop()
         gid = len(out_groups)
+        extra = [m for m in members if m != root and stored.get(m) is not None]
         out_groups.append({"id": gid, "kind": kind, "nodes": members, "root": root,
-                           "ops": ops, "reason": must.get(root, "group output")})
+                           "ops": ops, "reason": must.get(root, "group output"),
+                           "extra_outputs": extra})
         for m in members:
             group_of[m] = gid
-    for n, users, why in refused:
-        if config.log_enabled("fusion"):
-            _log.info("not fusing %%%d (%s) into %s: %s", n, g.op(n),
-                      ", ".join(f"%{u}" for u in users), why)
-    g.meta["fusion"] = {"groups": out_groups, "group_of": group_of,
-                        "materialized": dict(must), "refused": refused,
-                        "epilogues": epilogue_hits}
-    kernels = [grp for grp in out_groups if grp["kind"] != "view"]
-    return g, {"kernels": len(kernels), "groups": len(out_groups),
-               "summary": f"{len(order)} op nodes -> {len(kernels)} kernel(s) "
-                          f"({sum(1 for k in kernels if k['kind'] == 'extern')} extern, "
-                          f"{len(epilogue_hits)} fused epilogue(s), "
-                          f"{sum(1 for x in out_groups if x['kind'] == 'view')} view(s))"}
+    return out_groups, group_of, epilogue_hits
 
 
 def _group_root_is(root, node, parent, find):
@@ -170,6 +226,7 @@ def describe(graph: Graph) -> str:
         if grp["kind"] == "view":
             continue
         ops = " -> ".join(grp["ops"])
-        lines.append(f"  kernel {grp['id']} [{grp['kind']}] {ops}  => %{grp['root']} "
+        extra = "".join(f", %{m}" for m in grp.get("extra_outputs", ()))
+        lines.append(f"  kernel {grp['id']} [{grp['kind']}] {ops}  => %{grp['root']}{extra} "
                      f"({grp['reason']})")
     return "\n".join(lines)
