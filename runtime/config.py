@@ -116,6 +116,10 @@ FLAGS = {f.name: f for f in [
          "MiB of large host buffers (over 4 KiB) that compiled calls recycle for their "
          "outputs once nothing refers to them (MXNet's pooled storage): fresh pages cost a "
          "page fault each on first touch. 0 turns the pool off."),
+    Flag("HYBRID_LLVM_THREADS", _count, 0,
+         "Threads that compile a module's shards at once, each in an LLVM context of its "
+         "own (runtime/native_parallel.py); 0: one per core (at most 8); 1: one shard at a "
+         "time."),
     Flag("HYBRID_LOG", _channels, frozenset(),
          "Comma-separated log channels: engine, recompiles, fusion, memory, schedule, "
          "compile, codegen, simplify, all."),

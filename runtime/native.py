@@ -98,6 +98,14 @@ def _llvm():
     return llvm
 
 
+def _make_tm(opt: int = 3):
+    """A new target machine for this host (a compile thread's own: native_parallel)."""
+    llvm = _llvm()
+    return llvm.Target.from_default_triple().create_target_machine(
+        cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(),
+        opt=opt, jit=True)
+
+
 def target():
     """(llvm module, target machine, info dict) for this host, created once."""
     if _target:
@@ -109,11 +117,9 @@ def target():
             llvm.initialize_native_asmprinter()
             cpu = llvm.get_host_cpu_name()
             features = llvm.get_host_cpu_features().flatten()
-            tm = llvm.Target.from_default_triple().create_target_machine(
-                cpu=cpu, features=features, opt=3, jit=True)
+            tm = _make_tm(3)
             import llvmlite  # noqa: PLC0415
-            tm_quick = llvm.Target.from_default_triple().create_target_machine(
-                cpu=cpu, features=features, opt=0, jit=True)
+            tm_quick = _make_tm(0)
             info = {"triple": tm.triple, "cpu": cpu, "features": features,
                     "data_layout": str(tm.target_data), "llvmlite": llvmlite.__version__,
                     "llvm": ".".join(map(str, llvm.llvm_version_info)),
@@ -444,8 +450,14 @@ def _known(digest, record, name, entries, globals_, optional_globals, dump):
 def _compile(ir_text, name: str, dump, quick: bool = False):
     """Machine code for ``ir_text``: one IR text, or an iterable of texts (a module's shards,
     possibly generated lazily), each parsed and optimized as soon as it is there, then
-    linked into one module for code generation."""
+    linked into one module for code generation. Where it can (native_parallel.available),
+    shards compile on several cores at once instead, each to an object of its own, joined
+    by ``ld -r``."""
     llvm, tm, _info = target()
+    if not isinstance(ir_text, str) and not dump and not quick:
+        from . import native_parallel  # noqa: PLC0415
+        if native_parallel.available():
+            return native_parallel.compile_shards(llvm, _make_tm, _optimize, ir_text)
     if quick:
         tm = _target["tm_quick"]
     times = {"parse": 0.0}

@@ -263,13 +263,39 @@ def _train_outputs(model, batch):
     return [y.asnumpy()] + [p.grad().asnumpy() for p in net.collect_params().values()]
 
 
+@pytest.mark.parametrize("llvm_threads", [1, 2])
 @pytest.mark.parametrize("model,batch", [("mlp", 256), ("lenet", 64)])
 def test_a_module_compiled_in_shards_computes_what_one_module_does(
-        model, batch, cache_dir, monkeypatch):
+        model, batch, llvm_threads, cache_dir, monkeypatch):
     """Every kernel in a shard of its own (the threaded ones too: their thread globals are
     defined in one shard and declared in the others), linked, gives the one-module code's
-    results bit for bit."""
+    results bit for bit: the shards linked as IR into one module (one compile thread), and
+    compiled on two threads at once, each in a context of its own, into objects joined by
+    ``ld -r`` (runtime/native_parallel.py)."""
     from compiler.codegen.llvm import emit  # noqa: PLC0415
+    from runtime import native_parallel  # noqa: PLC0415
+    old_threads = config.set_flag("HYBRID_LLVM_THREADS", llvm_threads)
+    monkeypatch.setattr(native_parallel, "compile_shards", _counting(
+        native_parallel.compile_shards, calls := []))
+    try:
+        _check_shards_equal_one_module(model, batch, cache_dir, monkeypatch, emit)
+        parallel = native_parallel.available()
+    finally:
+        config.set_flag("HYBRID_LLVM_THREADS", old_threads)
+    if llvm_threads == 1 or not parallel:
+        assert not calls
+    else:
+        assert calls, "the shards were not compiled in parallel"
+
+
+def _counting(fn, calls):
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return fn(*args, **kwargs)
+    return counted
+
+
+def _check_shards_equal_one_module(model, batch, cache_dir, monkeypatch, emit):
     texts = []
     build = emit.ModuleBuilder.build_shards
 
@@ -306,19 +332,51 @@ def test_a_module_compiled_in_shards_computes_what_one_module_does(
         np.testing.assert_array_equal(a, b)
 
 
-def test_shard_errors_are_raised_and_the_helper_stops():
-    """A failing shard generator, or LLVM refusing a shard, raises in the caller; the helper
-    thread that optimizes shards is gone afterwards."""
+@pytest.mark.parametrize("llvm_threads", [1, 2])
+def test_shard_errors_are_raised_and_the_helper_stops(llvm_threads):
+    """A failing shard generator, or LLVM refusing a shard, raises in the caller; the
+    threads that compile shards are gone afterwards (one helper, or the parallel workers)."""
     good = emit_ir(small_program(8.5), "shard_ok")
 
     def failing():
         yield good
         raise ValueError("generator broke")
-    with pytest.raises(ValueError, match="generator broke"):
-        native._compile(failing(), "shards", None)
-    with pytest.raises(RuntimeError):
-        native._compile(iter([good, "this is not LLVM IR"]), "shards", None)
-    assert not [t for t in threading.enumerate() if t.name == "hybrid-llvm-shards"]
+    old = config.set_flag("HYBRID_LLVM_THREADS", llvm_threads)
+    try:
+        with pytest.raises(ValueError, match="generator broke"):
+            native._compile(failing(), "shards", None)
+        with pytest.raises(RuntimeError):
+            native._compile(iter([good, "this is not LLVM IR"]), "shards", None)
+    finally:
+        config.set_flag("HYBRID_LLVM_THREADS", old)
+    assert not [t for t in threading.enumerate() if t.name.startswith("hybrid-llvm")]
+
+
+def test_parallel_compile_threads_skip_llvmlites_lock_and_no_other_thread_does():
+    """Only a compile worker (marked private) passes llvmlite's lock without taking it:
+    another thread holding the lock still keeps every other thread out."""
+    from runtime import native_parallel  # noqa: PLC0415
+    native.target()
+    if not native_parallel._install():
+        pytest.skip("this llvmlite's lock is not the one native_parallel wraps")
+    from llvmlite.binding import ffi  # noqa: PLC0415
+    lock = ffi.lib._lock
+    got = []
+    with lock:  # this thread holds it
+        def private():
+            native_parallel._private.active = True
+            with lock:
+                got.append("private")
+
+        def shared():
+            if lock._lock.acquire(timeout=0.2):
+                lock._lock.release()
+                got.append("shared got in")
+        for fn in (private, shared):
+            t = threading.Thread(target=fn)
+            t.start()
+            t.join(5)
+    assert got == ["private"]
 
 
 def test_a_sharded_dump_shows_every_shard_and_the_linked_module(tmp_path, monkeypatch):
