@@ -98,12 +98,14 @@ def _llvm():
     return llvm
 
 
-def _make_tm(opt: int = 3):
-    """A new target machine for this host (a compile thread's own: native_parallel)."""
+def _make_tm(opt: int = 3, cpu: str | None = None, features: str | None = None):
+    """A new target machine for this host, for the CPU and features of the cache key once
+    target() made them (a compile thread's own: native_parallel)."""
     llvm = _llvm()
+    if cpu is None:
+        cpu, features = _target["info"]["cpu"], _target["info"]["features"]
     return llvm.Target.from_default_triple().create_target_machine(
-        cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(),
-        opt=opt, jit=True)
+        cpu=cpu, features=features, opt=opt, jit=True)
 
 
 def target():
@@ -117,9 +119,9 @@ def target():
             llvm.initialize_native_asmprinter()
             cpu = llvm.get_host_cpu_name()
             features = llvm.get_host_cpu_features().flatten()
-            tm = _make_tm(3)
+            tm = _make_tm(3, cpu, features)
             import llvmlite  # noqa: PLC0415
-            tm_quick = _make_tm(0)
+            tm_quick = _make_tm(0, cpu, features)
             info = {"triple": tm.triple, "cpu": cpu, "features": features,
                     "data_layout": str(tm.target_data), "llvmlite": llvmlite.__version__,
                     "llvm": ".".join(map(str, llvm.llvm_version_info)),

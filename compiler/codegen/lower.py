@@ -311,7 +311,8 @@ class _Lowering:
         outs = []
         for m in grp.get("extra_outputs", ()):
             sp = self.g.spec(m)
-            assert tuple(sp.shape) == tuple(loop_shape), (m, sp.shape, loop_shape)
+            if tuple(sp.shape) != tuple(loop_shape):  # fusion stores same-shape values only
+                raise KernelIRError(f"extra output %{m} {sp.shape} in a loop over {loop_shape}")
             lay = self._contig(self._root_slot(gid, m), sp.shape)
             outs.append(Output(self._access(lay, loop_shape),
                                self._expr(m, members, loop_shape, loads)))
