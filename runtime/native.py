@@ -459,7 +459,15 @@ def _compile(ir_text, name: str, dump, quick: bool = False):
     if not isinstance(ir_text, str) and not dump and not quick:
         from . import native_parallel  # noqa: PLC0415
         if native_parallel.available():
-            return native_parallel.compile_shards(llvm, _make_tm, _optimize, ir_text)
+            try:
+                return native_parallel.compile_shards(llvm, _make_tm, _optimize, ir_text)
+            except native_parallel.LinkError as exc:  # compiled again, one shard at a time
+                msg = (f"hybrid: the system linker could not join {name}'s compiled shards "
+                       f"({exc}); compiling them one at a time (HYBRID_LLVM_THREADS=1 skips "
+                       "the linker)")
+                warnings.warn(msg, RuntimeWarning, stacklevel=3)
+                _log().warning(msg)
+                ir_text = iter(exc.texts)
     if quick:
         tm = _target["tm_quick"]
     times = {"parse": 0.0}

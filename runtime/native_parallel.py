@@ -82,13 +82,23 @@ def available() -> bool:
     return threads() > 1 and shutil.which("ld") is not None and _install()
 
 
+class LinkError(RuntimeError):
+    """``ld -r`` could not join the shards' objects (``texts``: the shards, compiled again
+    one at a time by the caller)."""
+
+    def __init__(self, message, texts):
+        super().__init__(message)
+        self.texts = texts
+
+
 def compile_shards(llvm, make_tm, optimize, shards) -> tuple[bytes, dict]:
     """(one relocatable object, times) for the IR texts ``shards`` (an iterable, possibly
     generated while earlier shards compile): each shard parsed, verified, optimized
     (``optimize(llvm, tm, module)``) and compiled on one of ``threads()`` workers, each with
     a target machine of its own (``make_tm()``). The first error, the producer's or a
     worker's, is raised once every worker stopped (each finishes the shard it has: bounded
-    work). Times: CPU seconds of each phase summed over the workers, and the link's."""
+    work). Times: CPU seconds of each phase summed over the workers, and the link's. A link
+    that fails raises LinkError holding the shards' texts."""
     todo: queue.SimpleQueue = queue.SimpleQueue()
     objects: dict = {}
     errors: list = []
@@ -119,11 +129,11 @@ def compile_shards(llvm, make_tm, optimize, shards) -> tuple[bytes, dict]:
                for i in range(threads())]
     for w in workers:
         w.start()
-    n = 0
+    texts = []
     try:
         for text in shards:
-            todo.put((n, text))
-            n += 1
+            todo.put((len(texts), text))
+            texts.append(text)
             if errors:
                 break
     finally:
@@ -135,8 +145,11 @@ def compile_shards(llvm, make_tm, optimize, shards) -> tuple[bytes, dict]:
         raise errors[0]
     times = {k: sum(c[k] for c in clocks) for k in ("parse", "optimize", "codegen")}
     t = time.perf_counter()
-    objs = [objects[k] for k in range(n)]
-    obj = objs[0] if len(objs) == 1 else link_relocatable(objs)
+    objs = [objects[k] for k in range(len(texts))]
+    try:
+        obj = objs[0] if len(objs) == 1 else link_relocatable(objs)
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+        raise LinkError(str(exc), texts) from exc
     times["link"] = time.perf_counter() - t
     return obj, times
 

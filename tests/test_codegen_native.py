@@ -387,3 +387,23 @@ def test_a_sharded_dump_shows_every_shard_and_the_linked_module(tmp_path, monkey
     assert "; ---- shard 0 of 2" in ll and "; ---- shard 1 of 2" in ll
     opt = (tmp_path / "shard_dump.opt.ll").read_text()
     assert "@shard_dump(" in opt and "@shard_dump2(" in opt
+
+
+def test_a_linker_that_fails_falls_back_to_one_shard_at_a_time(tmp_path, monkeypatch):
+    """An ``ld`` that cannot join the shards' objects: a warning naming the way out, and the
+    module compiled one shard at a time under llvmlite's lock computes the same."""
+    fake = tmp_path / "bin" / "ld"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'ld: cannot do that' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    texts = [emit_ir(small_program(10.5), "link_a"), emit_ir(small_program(11.5), "link_b")]
+    old = config.set_flag("HYBRID_LLVM_THREADS", 2)
+    try:
+        with pytest.warns(RuntimeWarning, match="could not join .*HYBRID_LLVM_THREADS=1"):
+            obj, _ = native._compile(iter(texts), "link_ab", None)
+        config.set_flag("HYBRID_LLVM_THREADS", 1)
+        want, _ = native._compile(iter(texts), "link_ab", None)
+    finally:
+        config.set_flag("HYBRID_LLVM_THREADS", old)
+    assert obj == want
