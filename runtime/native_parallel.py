@@ -1,11 +1,11 @@
-"""A module's shards compiled on several cores at once: one LLVM context per shard.
+"""A module's shards compiled on several cores at once, each worker in an LLVM context of its own.
 
 llvmlite runs every LLVM call under one process-wide lock, which is what keeps users of
 LLVM's *global* context (and of objects shared between threads) safe; LLVM itself compiles
 different contexts on different threads concurrently (that is what a context is for). A
-shard here is parsed into a context of its own and optimized and turned into an object file
-by a target machine of its own, all on one worker thread that nothing else touches, so that
-thread may skip llvmlite's lock (``_ThreadPrivateLock``); every other LLVM call in the
+worker thread here parses its shards into a context of its own and optimizes them and turns
+them into object files with a target machine of its own; nothing else touches those, so the
+worker may skip llvmlite's lock (``_ThreadPrivateLock``); every other LLVM call in the
 process (MCJIT loading, the global context) still takes it. The shards' objects are joined
 by the system linker into one relocatable object (``ld -r``), the object that the one-module
 path makes: the same functions, each optimized and compiled from the same IR (shards are
@@ -13,7 +13,8 @@ optimized one by one in both paths), so the cache entry, loading and shared libr
 unchanged.
 
 Where llvmlite's lock is not the expected object, or there is no ``ld``, or one core, the
-caller compiles the shards one at a time under the lock as before (native._compile).
+caller compiles the shards one at a time under the lock as before (native._compile); so it
+does, with a warning, when the linker fails.
 """
 from __future__ import annotations
 
