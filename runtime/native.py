@@ -327,14 +327,16 @@ class NativeModule:
 
 def compile_ir(ir_text, entries, key: dict | None = None, name: str = "module",
                before_load=None, globals_=(), source_key: str | None = None,
-               optional_globals=(), quick: bool = False) -> NativeModule:
+               optional_globals=(), quick: bool = False, meanwhile=None) -> NativeModule:
     """Machine code for ``ir_text`` (from the disk cache when possible).
 
     entries: the functions whose addresses are wanted; globals_: global variables too (the
     caller may write them, e.g. a thread count). key: extra fields of the cache key
     (whatever else the code depends on). before_load: called before the object is linked (to
     register the external symbols it calls, e.g. BLAS). quick: no IR passes, fast
-    instruction selection (OPT_QUICK: helper code without array arithmetic).
+    instruction selection (OPT_QUICK: helper code without array arithmetic). meanwhile:
+    called on this thread once every shard is built, while compile threads finish them (what
+    the caller needs next: the thread pool's module), or after a compile on one thread.
     """
     entries = tuple(entries)
     record = key_record(ir_text, key, source_key, quick)
@@ -356,7 +358,7 @@ def compile_ir(ir_text, entries, key: dict | None = None, name: str = "module",
             if callable(ir_text):  # generated only when it must be compiled
                 ir_text = ir_text()
                 stats["ir_generated"] += 1
-            obj, times = _compile(ir_text, name, dump, quick)
+            obj, times = _compile(ir_text, name, dump, quick, meanwhile)
             stats["compiles"] += 1
             _write_cache(path, record, obj)
         else:
@@ -449,7 +451,7 @@ def _known(digest, record, name, entries, globals_, optional_globals, dump):
     return mod
 
 
-def _compile(ir_text, name: str, dump, quick: bool = False):
+def _compile(ir_text, name: str, dump, quick: bool = False, meanwhile=None):
     """Machine code for ``ir_text``: one IR text, or an iterable of texts (a module's shards,
     possibly generated lazily), each parsed and optimized as soon as it is there, then
     linked into one module for code generation. Where it can (native_parallel.available),
@@ -460,7 +462,8 @@ def _compile(ir_text, name: str, dump, quick: bool = False):
         from . import native_parallel  # noqa: PLC0415
         if native_parallel.available():
             try:
-                return native_parallel.compile_shards(llvm, _make_tm, _optimize, ir_text)
+                return native_parallel.compile_shards(llvm, _make_tm, _optimize, ir_text,
+                                                      meanwhile)
             except native_parallel.LinkError as exc:  # compiled again, one shard at a time
                 msg = (f"hybrid: the system linker could not join {name}'s compiled shards "
                        f"({exc}); compiling them one at a time (HYBRID_LLVM_THREADS=1 skips "
@@ -503,6 +506,8 @@ def _compile(ir_text, name: str, dump, quick: bool = False):
         joined = "\n".join(f"; ---- shard {k} of {len(texts)}\n{text}"
                            for k, text in enumerate(texts)) if len(texts) > 1 else texts[0]
         _dump(Path(dump), name, joined, str(mod), tm.emit_assembly(mod))
+    if meanwhile is not None:
+        meanwhile()
     return obj, times
 
 

@@ -92,14 +92,16 @@ class LinkError(RuntimeError):
         self.texts = texts
 
 
-def compile_shards(llvm, make_tm, optimize, shards) -> tuple[bytes, dict]:
+def compile_shards(llvm, make_tm, optimize, shards, meanwhile=None) -> tuple[bytes, dict]:
     """(one relocatable object, times) for the IR texts ``shards`` (an iterable, possibly
     generated while earlier shards compile): each shard parsed, verified, optimized
     (``optimize(llvm, tm, module)``) and compiled on one of ``threads()`` workers, each with
     a target machine of its own (``make_tm()``). The first error, the producer's or a
     worker's, is raised once every worker stopped (each finishes the shard it has: bounded
-    work). Times: CPU seconds of each phase summed over the workers, and the link's. A link
-    that fails raises LinkError holding the shards' texts."""
+    work). ``meanwhile()``, if given, runs on this thread once every shard is queued (under
+    llvmlite's lock, which the workers do not take). Times: CPU seconds of each phase summed
+    over the workers, and the link's. A link that fails raises LinkError holding the shards'
+    texts."""
     todo: queue.SimpleQueue = queue.SimpleQueue()
     objects: dict = {}
     errors: list = []
@@ -137,6 +139,8 @@ def compile_shards(llvm, make_tm, optimize, shards) -> tuple[bytes, dict]:
             texts.append(text)
             if errors:
                 break
+        if meanwhile is not None and not errors:
+            meanwhile()
     finally:
         for _ in workers:
             todo.put(None)

@@ -407,3 +407,22 @@ def test_a_linker_that_fails_falls_back_to_one_shard_at_a_time(tmp_path, monkeyp
     finally:
         config.set_flag("HYBRID_LLVM_THREADS", old)
     assert obj == want
+
+
+@pytest.mark.parametrize("llvm_threads", [1, 2])
+def test_meanwhile_runs_once_every_shard_is_built(llvm_threads):
+    """compile_ir's ``meanwhile`` (a threaded program compiles the thread pool's module
+    there, while the compile threads finish its shards) runs once, after the last shard."""
+    texts = [emit_ir(small_program(12.5), "mw_a"), emit_ir(small_program(13.5), "mw_b")]
+    produced, calls = [], []
+
+    def shards():
+        for t in texts:
+            produced.append(t)
+            yield t
+    old = config.set_flag("HYBRID_LLVM_THREADS", llvm_threads)
+    try:
+        native._compile(shards(), "mw", None, meanwhile=lambda: calls.append(len(produced)))
+    finally:
+        config.set_flag("HYBRID_LLVM_THREADS", old)
+    assert calls == [2]

@@ -801,9 +801,16 @@ def compile_program(program: Program, name: str = "program") -> CompiledProgram:
     warm start loads machine code without building the LLVM module in Python at all.
     """
     symbol = sanitize(name)
+    builder = []
 
     def ir_text():  # shards, built while LLVM optimizes the ones before
-        return ModuleBuilder(program, name).build_shards()
+        builder.append(ModuleBuilder(program, name))
+        return builder[0].build_shards()
+
+    def pool():  # a threaded program loads the thread pool next: compile it meanwhile
+        if builder and builder[0].threaded:
+            from . import threadpool  # noqa: PLC0415
+            threadpool.address()
 
     if any(isinstance(s, ExternKernel) for s in program.steps):
         from runtime import blas  # noqa: PLC0415 - BLAS symbols must exist before linking
@@ -814,7 +821,7 @@ def compile_program(program: Program, name: str = "program") -> CompiledProgram:
     module = native.compile_ir(
         ir_text, [symbol], key=key, name=name,
         before_load=before, source_key=program.key(),
-        optional_globals=[f"{symbol}.nthreads", f"{symbol}.pool"])
+        optional_globals=[f"{symbol}.nthreads", f"{symbol}.pool"], meanwhile=pool)
     threaded = f"{symbol}.nthreads" in module.addresses
     return CompiledProgram(program, name, module, symbol, threaded)
 
