@@ -603,9 +603,12 @@ def test_cuda_backend_on_an_emulated_gpu(emulated_gpu):
         close(a.asnumpy(), b.asnumpy(), rtol=1e-5, atol=1e-5)
 
 
-def test_cuda_backend_trains_on_an_emulated_gpu(emulated_gpu):
+def test_cuda_backend_trains_on_an_emulated_gpu(emulated_gpu, tmp_path):
     """A recorded step on the CUDA backend (the forward loop stores the gates it saves for the
-    backward from the cell's one fused kernel): outputs and gradients as eager's on the CPU."""
+    backward from the cell's one fused kernel): outputs and gradients as eager's on the CPU;
+    the generated sources (the loop bodies' too) compile with nvcc for sm_80 and sm_90."""
+    from compiler.codegen.cuda.compile_check import available_compiler, check_compiles_all
+    from runtime import config
     layer, _ = setup("lstm", 4, 3)
     x = RNG.normal(size=(5, 2, 3)).astype("float32")
     wy = RNG.normal(size=(5, 2, 4)).astype("float32")
@@ -622,11 +625,21 @@ def test_cuda_backend_trains_on_an_emulated_gpu(emulated_gpu):
     want = step(hb.cpu())
     layer.reset_device(emulated_gpu)
     layer.hybridize(backend="cuda")
-    got = step(emulated_gpu)
+    old_dump = config.set_flag("HYBRID_DUMP_DIR", str(tmp_path))
+    try:
+        got = step(emulated_gpu)
+    finally:
+        config.set_flag("HYBRID_DUMP_DIR", old_dump)
     close(got[0], want[0], rtol=1e-5, atol=1e-5)
     close(got[1], want[1], rtol=1e-4, atol=1e-5)
     for k in want[2]:
         close(got[2][k], want[2][k], rtol=1e-4, atol=1e-5)
+    sources = [src.read_text() for src in sorted(tmp_path.glob("*.cu"))]
+    assert any("body" in src for src in sources), "the loop bodies' sources were not dumped"
+    if available_compiler() is None:
+        pytest.skip("no CUDA compiler (nvcc or CuPy's NVRTC): results checked, compile not")
+    for src in sources:
+        check_compiles_all(src, ("sm_80", "sm_90"))
 
 
 @pytest.mark.parametrize("mode,num_layers,bidirectional,layout", CASES)
