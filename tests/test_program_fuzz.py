@@ -90,7 +90,11 @@ def _steps(depth):
         # eager and compiled code need not share, and the branch taken would follow it;
         # found by the slow run: Dense(1), BatchNorm, branch on a batch of 2)
         st.tuples(st.just("branch"), st.sampled_from([0.25, 1.0, -2.0])),
-        st.tuples(st.just("loop"), st.sampled_from([0.5, 3.0, 50.0])),
+        # (no threshold 3.0: after a BatchNorm over 2 rows the values are +-v per feature,
+        # so one step's sigmoids sum to exactly the feature count, and whether 3.0 is reached
+        # is decided by rounding; found by the slow run: BatchNorm, shared Dense(3),
+        # BatchNorm, loop, trained at batch 3 then 2)
+        st.tuples(st.just("loop"), st.sampled_from([0.5, 3.3, 50.0])),
     )
     if depth == 0:
         return leaf
