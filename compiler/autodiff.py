@@ -76,8 +76,8 @@ def differentiate(graph: Graph, wrt: list[int]):
             if n in acc and n in need:
                 cot = results.setdefault(graph.arg_ids(n)[0], {})
                 k = d["attrs"]["index"]
-                b.device = d.get("device", "cpu(0)")
-                cot[k] = acc[n] if k not in cot else F.add(cot[k], acc[n])
+                cot[k] = acc[n] if k not in cot else _add_on(b, d.get("device", "cpu(0)"),
+                                                              cot[k], acc[n])
             continue
         if d["op"] in CONTROL_OPS:
             if n not in results or n not in need:
@@ -113,14 +113,17 @@ def _acc(b, acc, nid, g):
     """Add ``g`` to the gradient of node ``nid``, on that node's device: a sum of two
     gradient paths (a body's output that is also its next state; a value read on two
     devices) is made where the value lives, never on the builder's default device."""
-    if nid not in acc:
-        acc[nid] = g
-        return
-    device, b.device = b.device, b.graph.node(nid).get("device", "cpu(0)")
+    acc[nid] = g if nid not in acc else \
+        _add_on(b, b.graph.node(nid).get("device", "cpu(0)"), acc[nid], g)
+
+
+def _add_on(b, device, x, y):
+    """x + y made by builder ``b`` on ``device`` (its own device left as it was)."""
+    saved, b.device = b.device, device
     try:
-        acc[nid] = b.F.add(acc[nid], g)
+        return b.F.add(x, y)
     finally:
-        b.device = device
+        b.device = saved
 
 
 VIEW_OPS = ("reshape", "transpose", "broadcast_to", "slice")
