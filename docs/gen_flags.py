@@ -19,6 +19,7 @@ def _type_name(flag) -> str:
     return {"_bool": "switch (1/0, true/false, yes/no, on/off)",
             "_channels": "comma-separated list",
             "_positive_int": "positive integer",
+            "_power_of_two": "power of two",
             "_seconds": "positive number (seconds)" if "MB" not in flag.name
             else "positive number (MiB)",
             "_mebibytes": "number (MiB), 0 or more",

@@ -10,6 +10,16 @@ than twice its rows. Where a ``foreach`` scans the padded axis (an RNN's time st
 bucket is at least ``SCAN_BUCKET`` steps: the loop runs the real steps only, so sequence
 lengths 10..50 share one bucket.
 
+A size above ``HYBRID_BUCKET_ROWS`` (512) runs that largest bucket's graph on consecutive
+pieces of its rows, the last one padded, and joins the pieces' results: a language model's
+loss over T*N tokens (320..1600 rows for lengths 10..50 at batch 32) takes one graph, not
+three, and no piece computes more than the bucket's rows. Pieces need every output to have
+the padded axis (a value computed from parameters alone would be returned once per piece) and
+no scan over it (a foreach's state would not carry from one piece to the next); a training
+call's parameter gradients are then the sum of the pieces' (autograd adds them, as for a
+parameter used twice), in another order than one product over all rows: equal up to
+rounding, like the padded buckets' sums.
+
 Only where that is the same program: each size is traced (not compiled) and its trace must
 equal its bucket's but for the sizes (a Python branch on the size runs that size's own
 graph), the bucket's must equal the first size's, and compiler/passes/batch_axis.py must find that
@@ -45,12 +55,23 @@ LADDER = tuple(1 << k for k in range(13))  # 1, 2, 4, ... 4096: a few graphs, <=
 SCAN_BUCKET = 64
 
 
-def _scans(first, family) -> bool:
+def _first_axes(first, family):
+    """batch_axes of the family's first traced graph along the family's axis."""
     g = first.graph
     axis = family[-1]
     batched = [n for n, b in zip(g.inputs, family[2]) if b]
-    got = batch_axes(g, dict.fromkeys(batched, axis), g.spec(batched[0]).shape[axis])
-    return got.ok and bool(got.scans)
+    return batch_axes(g, dict.fromkeys(batched, axis), g.spec(batched[0]).shape[axis])
+
+
+def _scans(axes) -> bool:
+    return axes.ok and bool(axes.scans)
+
+
+def _in_pieces(axes, n_user_out) -> bool:
+    """Whether consecutive pieces of the rows may run one after another: rows kept apart,
+    no foreach scanning the axis, every output along it."""
+    return axes.ok and not axes.scans and \
+        all(o is not None and o != "uniform" for o in axes.outputs[:n_user_out])
 
 
 def bucket_of(n: int) -> int | None:
@@ -102,20 +123,43 @@ class Bucketed:
         self.batched, self.axis = batched, axis  # per argument: padded (along axis) or not
         self.out_axes = out_axes  # per output: (axis, rows per example) or None
         self.counted = counted  # the graph takes the real size as a last input
+        self.pieces = -(-size // padded)  # > 1: rows run in consecutive pieces (_in_pieces)
 
     def __getattr__(self, name):  # report/explain read the bucket entry's fields
         return getattr(self.__dict__["entry"], name)
 
     def bucket_run(self, leaves, name):
-        from .tracing import _run, flatten, unflatten  # noqa: PLC0415 - tracing imports us
-        extra = self.padded - self.size
+        from .tracing import unflatten  # noqa: PLC0415 - tracing imports us
+        if self.pieces == 1:
+            outs, tree = self._run_padded(leaves, self.size, name)
+        else:
+            runs = []
+            for lo in range(0, self.size, self.padded):
+                hi = min(lo + self.padded, self.size)
+                ins = [_rows(a, self.axis, lo, hi) if b else a
+                       for a, b in zip(leaves, self.batched)]
+                outs, tree = self._run_padded(ins, hi - lo, name)
+                runs.append(outs)
+            outs = [concatenate(list(parts), axis=ax[0])
+                    for parts, ax in zip(zip(*runs), self.out_axes)]
+        return outs[0] if len(outs) == 1 and tree == ("a",) else unflatten(tree, outs)
+
+    def _run_padded(self, leaves, size, name):
+        """(outputs, their tree): the bucket's graph on ``leaves`` (``size`` real rows along
+        the axis) padded to the bucket, the real rows of each output sliced out."""
+        from .tracing import _run, flatten  # noqa: PLC0415 - tracing imports us
+        extra = self.padded - size
         ins = [_pad(a, extra, self.axis) if b else a for a, b in zip(leaves, self.batched)]
         if self.counted:
-            ins.append(array(self.size, dtype="int64", device=leaves[0].device))
+            ins.append(array(size, dtype="int64", device=leaves[0].device))
         outs, tree = flatten(_run(self.entry, ins, name))
-        outs = [o if ax is None else _take_rows(o, ax, self.size) for o, ax in
-                zip(outs, self.out_axes)]
-        return outs[0] if len(outs) == 1 and tree == ("a",) else unflatten(tree, outs)
+        return [o if ax is None else _take_rows(o, ax, size) for o, ax in
+                zip(outs, self.out_axes)], tree
+
+
+def _rows(a: NDArray, axis: int, lo: int, hi: int) -> NDArray:
+    """Rows ``lo:hi`` of ``a`` along ``axis``."""
+    return a[(slice(None),) * axis + (slice(lo, hi),)]
 
 
 def _pad(a: NDArray, extra: int, axis: int = 0) -> NDArray:
@@ -145,11 +189,16 @@ def lookup(cf, sig, leaves, tree, args, kwargs):
         return None  # the first size of this family: compiled exactly
     if first.backend == "reference":  # the oracle runs each size as it is, bit for bit
         return None
-    padded = bucket_of(size)
-    if padded is None:
-        return None
-    if _scans(first, family):  # a scan stops after the real steps: padding costs little
-        padded = max(padded, SCAN_BUCKET)
+    axes = _first_axes(first, family)
+    largest = config.get("HYBRID_BUCKET_ROWS")
+    if size > largest and _in_pieces(axes, first.n_user_out):
+        padded = largest  # consecutive pieces of the largest bucket's rows
+    else:
+        padded = bucket_of(size)
+        if padded is None:
+            return None
+        if _scans(axes):  # a scan stops after the real steps: padding costs little
+            padded = max(padded, SCAN_BUCKET)
     key = (family, padded)
     got = cf.buckets.get(key)
     if got is None:
@@ -172,8 +221,11 @@ def lookup(cf, sig, leaves, tree, args, kwargs):
             _log.info("%s: size %d compiles its own graph: %s", cf.name, size, why[0])
             cf.entries[sig] = own
             return own
-    _log.info("%s: size %d runs the bucket of size %d", cf.name, size, padded)
     b = Bucketed(entry, size, padded, family[2], family[-1], entry.out_axes, entry.counted)
+    if b.pieces > 1 and (b.counted or any(ax is None for ax in b.out_axes)):
+        return None  # (the first size's trace said pieces apply; its bucket's disagrees)
+    _log.info("%s: size %d runs the bucket of size %d%s", cf.name, size, padded,
+              f" in {b.pieces} pieces" if b.pieces > 1 else "")
     cf.entries[sig] = b
     return b
 

@@ -48,6 +48,13 @@ def _positive_int(value) -> int:
     return n
 
 
+def _power_of_two(value) -> int:
+    n = _positive_int(value)
+    if n & (n - 1):
+        raise ValueError(f"expected a power of two (1, 2, 4, ...), got {value!r}")
+    return n
+
+
 def _count(value) -> int:
     if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
         raise ValueError(f"expected a whole number (0 or more), got {value!r}")
@@ -148,6 +155,11 @@ FLAGS = {f.name: f for f in [
          "A hybridized block seeing a second batch size (or sequence length) runs the graph "
          "of a shape bucket on padded inputs where that gives the same results (hybrid/"
          "buckets.py), instead of compiling every size; 0 compiles every size exactly."),
+    Flag("HYBRID_BUCKET_ROWS", _power_of_two, 512,
+         "The largest shape bucket (a power of two): a bigger batch size (or sequence "
+         "length) runs that bucket's graph on consecutive pieces of this many rows, the "
+         "last one padded, where its rows are independent (hybrid/buckets.py); the first "
+         "size a block sees always compiles exactly."),
     Flag("HYBRID_GC_FREEZE", _bool, True,
          "At the end of `import hybrid`, move every object alive then (modules, classes, "
          "functions: ~50K of them) to the garbage collector's permanent generation "

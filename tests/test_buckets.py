@@ -329,3 +329,106 @@ def test_batch_major_sequence_lengths_share_a_bucket_along_axis_1():
             np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)
     assert hb.num_compiles() - c0 == 4  # length 9 exactly, then the 64-step bucket: each a
     # training forward and backward
+
+
+# ------------------------------------------------------------------ pieces of the largest bucket
+@pytest.fixture
+def largest_bucket_8():
+    """HYBRID_BUCKET_ROWS=8: sizes above 8 run in pieces of 8 rows (512 by default)."""
+    from runtime import config
+    old = config.set_flag("HYBRID_BUCKET_ROWS", 8)
+    yield
+    config.set_flag("HYBRID_BUCKET_ROWS", old)
+
+
+def test_sizes_above_the_largest_bucket_run_in_pieces_of_one_graph(largest_bucket_8):
+    net = mlp()
+    sizes = (5, 20, 33, 8, 3, 17, 64)
+    calls = [[arr((b, 5))] for b in sizes]
+    want, got, compiles = _eager_and_hybrid(net, calls)
+    for w, g in zip(want, got):
+        assert g.shape == w.shape
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+    assert compiles == 3, compiles  # 5 exactly, the bucket of 8 (20, 33, 8, 17, 64), of 4 (3)
+    pieces = {e.size: e.pieces for e in net._cached.entries.values() if hasattr(e, "pieces")}
+    assert pieces == {20: 3, 33: 5, 8: 1, 3: 1, 17: 3, 64: 8}, pieces
+
+
+def test_training_gradients_through_pieces_equal_eager(largest_bucket_8):
+    def step(net, x):
+        x.attach_grad()
+        with autograd.record():
+            loss = (net(x) ** 2).sum()
+        loss.backward()
+        return [x.grad.asnumpy().copy()] + \
+            [p.grad().asnumpy().copy() for p in net.collect_params().values()]
+    eager_net, hyb_net = mlp(), mlp()
+    eager_net(arr((1, 5)))
+    hyb_net(arr((1, 5)))
+    for p, q in zip(eager_net.collect_params().values(), hyb_net.collect_params().values()):
+        q.set_data(p.data())
+    hyb_net.hybridize()
+    for b in (4, 19, 8, 26):  # 19 and 26: three and four pieces of the bucket of 8
+        x = arr((b, 5))
+        want = step(eager_net, hb.array(x.asnumpy()))
+        got = step(hyb_net, hb.array(x.asnumpy()))
+        for w, g in zip(want, got):  # the pieces' parameter gradients are summed
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+    assert [e.pieces for e in hyb_net._cached.entries.values() if hasattr(e, "pieces")] == \
+        [3, 1, 4]
+
+
+def test_a_loss_over_many_token_counts_takes_one_bucket_in_pieces(largest_bucket_8):
+    """The language model's case: a per-token loss over T*N rows of logits, T varying."""
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    sizes = (12, 20, 30, 9, 50, 41)
+    data = [(RNG.standard_normal((n, 7)).astype("float32"),
+             RNG.integers(0, 7, n).astype("float32")) for n in sizes]
+
+    def run():
+        out = []
+        for x, y in data:
+            logits = hb.array(x)
+            logits.attach_grad()
+            with autograd.record():
+                loss = loss_fn(logits, hb.array(y))
+            loss.backward()
+            out.append((loss.asnumpy(), logits.grad.asnumpy()))
+        return out
+    want = run()
+    loss_fn.hybridize()
+    c0 = hb.num_compiles()
+    got = run()
+    assert hb.num_compiles() - c0 == 4, hb.num_compiles() - c0  # a forward and a backward
+    # for 12 rows exactly, and for the bucket of 8 (every other size in pieces)
+    for (wl, wg), (gl, gg) in zip(want, got):
+        np.testing.assert_allclose(gl, wl, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(gg, wg, rtol=1e-5, atol=1e-6)
+
+
+def test_no_pieces_for_a_scan_over_the_axis_or_an_output_without_it(largest_bucket_8):
+    lstm = gluon.rnn.LSTM(4, input_size=3)  # a foreach scans the time axis: pieces would
+    lstm.initialize()                       # lose the state between them
+    xs = [arr((t, 2, 3)) for t in (5, 20)]
+    want = [lstm(x).asnumpy() for x in xs]
+    lstm.hybridize()
+    for x, w in zip(xs, want):
+        np.testing.assert_allclose(lstm(x).asnumpy(), w, rtol=1e-5, atol=1e-6)
+    assert [e.pieces for e in lstm._cached.entries.values() if hasattr(e, "pieces")] == [1]
+
+    class WithNorm(nn.HybridBlock):  # a second output computed from a parameter alone
+        def __init__(self):
+            super().__init__()
+            self.dense = nn.Dense(3, in_units=5)
+
+        def forward(self, x):
+            return self.dense(x), (self.dense.weight.data() ** 2).sum()
+    net = WithNorm()
+    net.initialize()
+    xs = [arr((b, 5)) for b in (4, 20)]
+    want = [[v.asnumpy() for v in net(x)] for x in xs]
+    net.hybridize()
+    for x, w in zip(xs, want):
+        for a, b in zip(net(x), w):
+            np.testing.assert_allclose(a.asnumpy(), b, rtol=1e-5, atol=1e-6)
+    assert [e.padded for e in net._cached.entries.values() if hasattr(e, "pieces")] == [32]

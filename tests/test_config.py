@@ -29,6 +29,7 @@ GOOD = {  # flag -> (environment text, parsed value)
     "HYBRID_CUDA_GRAPHS": ("off", False),
     "HYBRID_CUDA_BLAS": ("0", False),
     "HYBRID_BUCKETS": ("0", False),
+    "HYBRID_BUCKET_ROWS": ("64", 64),
     "HYBRID_GC_FREEZE": ("off", False),
     "HYBRID_EAGER_KERNELS": ("no", False),
 }
@@ -49,6 +50,7 @@ BAD = {  # flag -> values that must be refused
     "HYBRID_CUDA_GRAPHS": ["sometimes"],
     "HYBRID_CUDA_BLAS": ["maybe"],
     "HYBRID_BUCKETS": ["maybe"],
+    "HYBRID_BUCKET_ROWS": ["many", "0", "48", "-64"],
     "HYBRID_GC_FREEZE": ["later"],
     "HYBRID_EAGER_KERNELS": ["auto"],
 }
