@@ -58,9 +58,14 @@ SCAN_BUCKET = 64
 def _first_axes(first, family):
     """batch_axes of the family's first traced graph along the family's axis."""
     g = first.graph
-    axis = family[-1]
     batched = [n for n, b in zip(g.inputs, family[2]) if b]
-    return batch_axes(g, dict.fromkeys(batched, axis), g.spec(batched[0]).shape[axis])
+    return batch_axes(g, dict.fromkeys(batched, family[-1]), _size_of(first, family))
+
+
+def _size_of(entry, family) -> int:
+    """The size along the family's axis of ``entry``'s first padded argument."""
+    batched = next(n for n, b in zip(entry.graph.inputs, family[2]) if b)
+    return entry.graph.spec(batched).shape[family[-1]]
 
 
 def _scans(axes) -> bool:
@@ -201,6 +206,12 @@ def lookup(cf, sig, leaves, tree, args, kwargs):
             padded = max(padded, SCAN_BUCKET)
     key = (family, padded)
     got = cf.buckets.get(key)
+    if got is None and padded == _size_of(first, family) and not axes.scans and \
+            not _refuse(first, first):
+        # the first size is this bucket's size: its graph is the bucket (nothing compiles)
+        first.out_axes, first.counted = axes.outputs[:first.n_user_out], False
+        got = cf.buckets[key] = first, _Ref(first.graph.copy(), first.out_tree,
+                                             first.n_user_out)
     if got is None:
         got = _build_bucket(cf, sig, family, padded, first, leaves, tree, args, kwargs)
         if got is None:

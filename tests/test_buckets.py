@@ -58,7 +58,8 @@ def test_training_gradients_through_a_bucket_equal_eager():
     for p, q in zip(eager_net.collect_params().values(), hyb_net.collect_params().values()):
         q.set_data(p.data())
     hyb_net.hybridize()
-    for b in (4, 5, 7, 3, 11):  # 4 compiles exactly; the others run buckets 8, 8, 4, 16
+    for b in (4, 5, 7, 3, 11):  # 4 compiles exactly; the others run buckets 8, 8, 4 (the
+        # first graph: 4 is its own bucket), 16
         x = arr((b, 5))
         want, got = step(eager_net, x), step(hyb_net, x)
         for w, g in zip(want, got):
@@ -115,6 +116,38 @@ def test_a_branch_on_the_size_between_a_size_and_its_bucket_is_caught():
     want, got, _ = _eager_and_hybrid(net, calls)
     for w, g in zip(want, got):
         np.testing.assert_allclose(g, w, rtol=1e-6)
+
+
+def test_a_size_in_the_first_sizes_bucket_runs_the_first_graph():
+    """The last, smaller batch of an epoch whose batch size is a power of two compiles
+    nothing: the first size's graph is that bucket's."""
+    net = mlp()
+    sizes = (64, 40, 64, 17, 33)
+    data = [RNG.standard_normal((b, 5)).astype("float32") for b in sizes]
+
+    def run():
+        out = []
+        for x in data:
+            x = hb.array(x)
+            x.attach_grad()
+            with autograd.record():
+                loss = (net(x) ** 2).sum()
+            loss.backward()
+            out.append([loss.asnumpy(), x.grad.asnumpy()] +
+                       [p.grad().asnumpy().copy() for p in net.collect_params().values()])
+        return out
+    net(hb.array(data[0]))
+    want = run()
+    net.hybridize()
+    c0 = hb.num_compiles()
+    got = run()
+    assert hb.num_compiles() - c0 == 4  # a forward and a backward for 64, and for 32 (17)
+    for w, g in zip(want, got):
+        for a, b in zip(w, g):
+            np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
+    first = next(e for e in net._cached.entries.values() if not hasattr(e, "pieces"))
+    assert [e.entry is first for e in net._cached.entries.values()
+            if hasattr(e, "pieces")] == [True, False, True]
 
 
 def test_batchnorm_buckets_in_predict_mode_not_in_training():
