@@ -134,32 +134,78 @@ class Bucketed:
         return getattr(self.__dict__["entry"], name)
 
     def bucket_run(self, leaves, name):
-        from .tracing import unflatten  # noqa: PLC0415 - tracing imports us
-        if self.pieces == 1:
-            outs, tree = self._run_padded(leaves, self.size, name)
-        else:
-            runs = []
-            for lo in range(0, self.size, self.padded):
-                hi = min(lo + self.padded, self.size)
-                ins = [_rows(a, self.axis, lo, hi) if b else a
-                       for a, b in zip(leaves, self.batched)]
-                outs, tree = self._run_padded(ins, hi - lo, name)
-                runs.append(outs)
-            outs = [concatenate(list(parts), axis=ax[0])
-                    for parts, ax in zip(zip(*runs), self.out_axes)]
+        """The bucket's graph on each piece of the rows (one piece unless the size is above
+        the largest bucket), padded to the bucket; the real rows of the results. Padding,
+        pieces and joins are one recorded node each way, so a training call's backward
+        copies each gradient once (as slices and concatenates recorded op by op, it did
+        several full-size copies and zero-fills: ~3x the loss's own time at 1600 rows)."""
+        from .tracing import _run, flatten, unflatten  # noqa: PLC0415 - tracing imports us
+        bounds = [(lo, min(lo + self.padded, self.size))
+                  for lo in range(0, self.size, self.padded)]
+        split = [_split_rows(a, self.axis, bounds, self.padded) if b else None
+                 for a, b in zip(leaves, self.batched)]
+        runs = []
+        for k, (lo, hi) in enumerate(bounds):
+            ins = [a if parts is None else parts[k] for a, parts in zip(leaves, split)]
+            if self.counted:
+                ins.append(array(hi - lo, dtype="int64", device=leaves[0].device))
+            outs, tree = flatten(_run(self.entry, ins, name))
+            runs.append(outs)
+        outs = [parts[0] if ax is None else _join_rows(list(parts), ax, bounds)
+                for parts, ax in zip(zip(*runs), self.out_axes)]
         return outs[0] if len(outs) == 1 and tree == ("a",) else unflatten(tree, outs)
 
-    def _run_padded(self, leaves, size, name):
-        """(outputs, their tree): the bucket's graph on ``leaves`` (``size`` real rows along
-        the axis) padded to the bucket, the real rows of each output sliced out."""
-        from .tracing import _run, flatten  # noqa: PLC0415 - tracing imports us
-        extra = self.padded - size
-        ins = [_pad(a, extra, self.axis) if b else a for a, b in zip(leaves, self.batched)]
-        if self.counted:
-            ins.append(array(size, dtype="int64", device=leaves[0].device))
-        outs, tree = flatten(_run(self.entry, ins, name))
-        return [o if ax is None else _take_rows(o, ax, size) for o, ax in
-                zip(outs, self.out_axes)], tree
+
+def _unrecorded():
+    from . import autograd  # noqa: PLC0415 - autograd imports the front end
+    return autograd.pause(train_mode=autograd.is_training())
+
+
+def _record(name, inputs, outputs, backward_fn):
+    from . import autograd  # noqa: PLC0415
+    autograd.record_custom(name, inputs, outputs, backward_fn)
+
+
+def _split_rows(a: NDArray, axis: int, bounds, padded: int) -> list:
+    """``a``'s rows ``lo:hi`` for each of ``bounds``, each padded to ``padded`` rows; one
+    recorded node whose backward joins the pieces' real rows."""
+    n = a.shape[axis]
+    if bounds == [(0, padded)]:  # the bucket's own size: the array as it is (recording a
+        return [a]               # node with ``a`` as its output would rewire a's history)
+    with _unrecorded():
+        parts = [_pad(a if (lo, hi) == (0, n) else _rows(a, axis, lo, hi),
+                      padded - (hi - lo), axis) for lo, hi in bounds]
+
+    def backward(grads):
+        real = [_rows(g, axis, 0, hi - lo) for g, (lo, hi) in zip(grads, bounds)]
+        return [real[0] if len(real) == 1 else concatenate(real, axis=axis)]
+    _record("bucket_rows", [a], parts, backward)
+    return parts
+
+
+def _join_rows(parts: list, ax, bounds) -> NDArray:
+    """The real rows of each piece's output, joined along the output's axis; one recorded
+    node whose backward gives each piece its rows of the gradient, zeros after them."""
+    axis, per = ax
+    if len(parts) == 1 and parts[0].shape[axis] == (bounds[0][1] - bounds[0][0]) * per:
+        return parts[0]
+    with _unrecorded():
+        real = [_take_rows(p, ax, hi - lo) for p, (lo, hi) in zip(parts, bounds)]
+        out = real[0] if len(real) == 1 else concatenate(real, axis=axis)
+
+    def backward(grads):
+        from .ndarray import zeros  # noqa: PLC0415
+        res = []
+        for p, (lo, hi) in zip(parts, bounds):
+            g = _rows(grads[0], axis, lo * per, hi * per)
+            extra = p.shape[axis] - (hi - lo) * per
+            if extra:
+                shape = p.shape[:axis] + (extra,) + p.shape[axis + 1:]
+                g = concatenate([g, zeros(shape, dtype=p._dtype, device=p.device)], axis=axis)
+            res.append(g)
+        return res
+    _record("bucket_rows", parts, [out], backward)
+    return out
 
 
 def _rows(a: NDArray, axis: int, lo: int, hi: int) -> NDArray:

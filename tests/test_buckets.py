@@ -407,8 +407,22 @@ def test_training_gradients_through_pieces_equal_eager(largest_bucket_8):
         got = step(hyb_net, hb.array(x.asnumpy()))
         for w, g in zip(want, got):  # the pieces' parameter gradients are summed
             np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+    # an input that went through a bucket keeps its own history (8: the bucket's own size)
+    for b in (8, 19):
+        x = hb.array(RNG.standard_normal((b, 5)).astype("float32"))
+        x.attach_grad()
+        with autograd.record():
+            y = x * 2
+            loss = (hyb_net(y) ** 2).sum() + (y ** 2).sum()
+        loss.backward()
+        with autograd.record():
+            want = (eager_net(x * 2) ** 2).sum() + ((x * 2) ** 2).sum()
+        grad = x.grad.asnumpy().copy()
+        x.attach_grad()
+        want.backward()
+        np.testing.assert_allclose(grad, x.grad.asnumpy(), rtol=1e-5, atol=1e-5)
     assert [e.pieces for e in hyb_net._cached.entries.values() if hasattr(e, "pieces")] == \
-        [3, 1, 4]
+        [3, 1, 4]  # 19, 8, 26
 
 
 def test_a_loss_over_many_token_counts_takes_one_bucket_in_pieces(largest_bucket_8):
