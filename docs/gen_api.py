@@ -78,6 +78,7 @@ SECTIONS = [
     ("hybridize, explain", "hybrid", "Tracing into a networkx graph, compiled per input "
      "signature (shapes, dtypes, devices, train/predict mode). A block seeing a second batch "
      "size or sequence length runs a power-of-two shape bucket's graph on padded inputs "
+     "(a size above the largest bucket, HYBRID_BUCKET_ROWS: on pieces of its rows) "
      "where that gives the same results (hybrid/buckets.py; `hybridize(static_shape=True)` "
      "or HYBRID_BUCKETS=0 compile every size).",
      ["hybridize", "explain", "TraceError"]),
@@ -197,9 +198,9 @@ def _entry(module, modname, name) -> str:
         obj = obj.__func__
     if inspect.isclass(obj):
         kind = "exception" if issubclass(obj, BaseException) else "class"
-        init = obj.__init__ if "__init__" in obj.__dict__ else None
-        sig = _signature(init) if init else ""
-        sig = sig.replace("(self, ", "(").replace("(self)", "()") if sig else ""
+        # the signature of the __init__ the class uses, its own or a base class's (LSTMCell
+        # takes _TwoActivationCell's); none for object's
+        sig = _signature(obj) if obj.__init__ is not object.__init__ else ""
         desc = _first_paragraph(obj)
         return f"- `{prefix}.{name}{sig}` ({kind}) -- {desc}".rstrip(" -")
     if callable(obj):
