@@ -17,6 +17,7 @@ from .graph import Graph
 from .passes import fuse, plan_memory, schedule, simplify
 from .passes.index_checks import add_index_checks, checked_run
 from .passes.loop_invariants import hoist_loop_invariants
+from .passes.loop_packing import pack_loop_products
 from .passes.partition import devices_of, partition
 from .reference import ReferenceProgram
 from .verify import verify
@@ -77,6 +78,9 @@ def compile(graph: Graph, backend: str = "reference", device=None, passes=None):
         graph.remove_dead()
         if passes is None:  # the default optimizations: a loop body's invariants first
             graph, _ = hoist_loop_invariants(graph)
+            if backend == "llvm":  # its GEMM reads B in panels: packed once per loop
+                from .codegen.extern_plan import panel_cols  # noqa: PLC0415 - llvmlite
+                graph, _ = pack_loop_products(graph, panel_cols())
         if is_control_part(graph):
             return compile_control(graph, backend, device,
                                    lambda body: compile(body, backend, device, passes),
