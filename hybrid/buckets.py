@@ -7,8 +7,11 @@ sentences of another length, on axis 0 time-major or axis 1 batch-major as the b
 its inputs padded with copies of their last row, and slices the real rows out of the
 results: the batch sizes 1..40 take 7 graphs (a power of two each), no call computing more
 than twice its rows. Where a ``foreach`` scans the padded axis (an RNN's time steps) the
-bucket is at least ``SCAN_BUCKET`` steps: the loop runs the real steps only, so sequence
-lengths 10..50 share one bucket.
+bucket is ``SCAN_BUCKET`` steps where that costs at most twice the work of the real size: the
+loop runs the real steps only, but what the graph computes outside it (a language model's
+embedding and decoder) runs for every padded step — so an LSTM whose loop is most of the work
+serves lengths 10..50 from one bucket, and a language model whose decoder is most of it takes
+the ladder's buckets (length 10 in the 64-step bucket took 3.8x the exact graph's step).
 
 A size above ``HYBRID_BUCKET_ROWS`` (512) runs that largest bucket's graph on consecutive
 pieces of its rows, the last one padded, and joins the pieces' results: a language model's
@@ -38,7 +41,7 @@ from __future__ import annotations
 import bisect
 import json
 
-from compiler.ops import Spec
+from compiler.ops import REGISTRY, Spec
 from compiler.passes.batch_axis import batch_axes
 from runtime import config
 
@@ -51,8 +54,48 @@ LADDER = tuple(1 << k for k in range(13))  # 1, 2, 4, ... 4096: a few graphs, <=
 
 
 # a size family whose padded axis a foreach scans (an RNN's time steps): the loop runs the
-# real steps only, so one coarse bucket serves the usual sentence lengths
+# real steps only, so one coarse bucket serves the usual sentence lengths where the loop is
+# most of the work (_scan_bucket)
 SCAN_BUCKET = 64
+
+
+def work(graph, batched=frozenset()) -> tuple:
+    """(work of the nodes in ``batched``, of the other nodes, in loops) for one call of
+    ``graph``: multiply-adds for products and convolutions, elements for other computing
+    ops (views and reshapes are free); a foreach body's once per step."""
+    rows = other = inside = 0.0
+    for n in graph.op_nodes():
+        op = graph.op(n)
+        attrs = graph.node(n)["attrs"]
+        if op == "foreach":
+            data = graph.arg_ids(n)[1 if attrs.get("counted") else 0]
+            steps = graph.spec(data).shape[0] if graph.spec(data).shape else 0
+            inside += steps * sum(work(attrs["body"].graph))
+        elif op in ("while_loop", "cond"):
+            inside += sum(sum(work(b.graph)) for b in attrs.values() if hasattr(b, "graph"))
+        elif op != "nth" and REGISTRY[op].kind != "movement":
+            out = graph.spec(n).size
+            args = graph.arg_ids(n)
+            if op == "matmul":
+                out *= graph.spec(args[0]).shape[-1]
+            elif op.startswith("conv2d") and len(args) > 1:
+                w = graph.spec(args[1])
+                out *= w.size // max(1, w.shape[0])
+            if n in batched:
+                rows += out
+            else:
+                other += out
+    return rows, other, inside
+
+
+def _scan_bucket(first, axes, size: int) -> int:
+    """SCAN_BUCKET where its padded steps cost at most the real size's work again (the loop
+    stops after the real steps; the graph's other work on the padded axis runs for every
+    padded step), else 0 (the ladder's bucket)."""
+    rows, other, inside = work(first.graph, axes.batched)
+    total = rows + other + inside
+    share = rows / total if total else 0.0
+    return SCAN_BUCKET if share * SCAN_BUCKET / size + (1.0 - share) <= 2.0 else 0
 
 
 def _first_axes(first, family):
@@ -248,8 +291,8 @@ def lookup(cf, sig, leaves, tree, args, kwargs):
         padded = bucket_of(size)
         if padded is None:
             return None
-        if _scans(axes):  # a scan stops after the real steps: padding costs little
-            padded = max(padded, SCAN_BUCKET)
+        if _scans(axes):  # a scan stops after the real steps: where the loop is most of
+            padded = max(padded, _scan_bucket(first, axes, size))  # the work, pad more
     key = (family, padded)
     got = cf.buckets.get(key)
     if got is None and padded == _size_of(first, family) and not axes.scans and \

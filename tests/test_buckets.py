@@ -182,7 +182,45 @@ def test_lstm_sequence_lengths_share_buckets_with_exact_final_states():
         np.testing.assert_allclose(out.asnumpy(), w.asnumpy(), rtol=1e-5, atol=1e-6)
         for a, b in zip(new, ws):  # the scan stopped after the real steps
             np.testing.assert_allclose(a.asnumpy(), b.asnumpy(), rtol=1e-5, atol=1e-6)
-    assert hb.num_compiles() - c0 == 2  # 10 exactly, then one bucket of 64 steps
+    # 10 exactly; this small LSTM's input projections are a third of its work, so the
+    # 64-step bucket (its loop stopping after the real steps) serves 23, 35 and 50 within
+    # twice their work, while 13 and 17 take the ladder's 16 and 32
+    assert hb.num_compiles() - c0 == 4
+    padded = sorted({e.padded for e in lstm._cached.entries.values() if hasattr(e, "pieces")})
+    assert padded == [16, 32, 64], padded
+
+
+def test_the_64_step_bucket_only_where_the_loop_is_most_of_the_work():
+    """A loop-dominated LSTM serves lengths 10..50 from one 64-step bucket; a language model
+    whose decoder runs on every padded step takes the ladder's buckets for short lengths."""
+    from hybrid.buckets import _family, _first_axes, _scan_bucket
+
+    class LanguageModel(nn.HybridBlock):
+        def __init__(self, decoder):
+            super().__init__()
+            self.lstm = gluon.rnn.LSTM(16, input_size=2)
+            self.dense = nn.Dense(decoder, in_units=16) if decoder else None
+
+        def forward(self, x):
+            y = self.lstm(x)
+            return self.dense(y.reshape((-1, 16))) if self.dense else y
+    for decoder, want in ((0, {10: 64, 13: 64, 23: 64, 50: 64}),
+                          (512, {10: 16, 13: 16, 23: 32, 50: 64})):
+        net = LanguageModel(decoder)
+        net.initialize()
+        xs = {t: arr((t, 2, 2)) for t in (10,) + tuple(want)}
+        eager = {t: net(x).asnumpy() for t, x in xs.items()}
+        net.hybridize()
+        net(xs[10])
+        (sig, first), = net._cached.entries.items()
+        family, _ = _family(sig, 0)
+        axes = _first_axes(first, family)
+        got = {t: max(bucket_of(t), _scan_bucket(first, axes, t)) for t in want}
+        assert got == want, (decoder, got)
+        for t in want:  # and the calls run those buckets, equal to eager
+            np.testing.assert_allclose(net(xs[t]).asnumpy(), eager[t], rtol=1e-5, atol=1e-6)
+        assert sorted({e.padded for e in net._cached.entries.values()
+                       if hasattr(e, "pieces")}) == sorted(set(want.values()))
 
 
 def test_lstm_gradients_through_a_counted_scan_equal_eager():
@@ -335,8 +373,8 @@ class _BatchMajorLM(nn.HybridBlock):
 
 def test_batch_major_sequence_lengths_share_a_bucket_along_axis_1():
     """Lengths on axis 1 (the book's (batch, num_steps) tokens, NTC) take buckets like axis
-    0's: the first length exactly, then one 64-step bucket, outputs, final states and
-    gradients as eager."""
+    0's: the first length exactly, then buckets, outputs, final states and gradients as
+    eager."""
     net = _BatchMajorLM()
     net.initialize()
     rng = np.random.default_rng(5)
@@ -360,8 +398,12 @@ def test_batch_major_sequence_lengths_share_a_bucket_along_axis_1():
     for w, g in zip(want, got):
         for a, b in zip(w, g):
             np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)
-    assert hb.num_compiles() - c0 == 4  # length 9 exactly, then the 64-step bucket: each a
-    # training forward and backward
+    # length 9 exactly, then buckets on axis 1 (the ladder's where the decoder on padded
+    # steps would cost more than twice the work, else 64 steps): each a forward and backward
+    padded = {e.padded for e in net._cached.entries.values() if hasattr(e, "pieces")}
+    assert padded and padded <= {16, 32, 64}, padded
+    assert hb.num_compiles() - c0 == 2 * (1 + len(padded))
+    assert all(e.axis == 1 for e in net._cached.entries.values() if hasattr(e, "pieces"))
 
 
 # ------------------------------------------------------------------ pieces of the largest bucket

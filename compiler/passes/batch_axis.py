@@ -39,6 +39,7 @@ class BatchAxes:
     reason: str = ""
     outputs: list = dataclasses.field(default_factory=list)  # per output: (axis, f) or None
     scans: list = dataclasses.field(default_factory=list)  # foreach nodes over the batch
+    batched: frozenset = frozenset()  # the nodes whose values have the batch axis
 
 
 def batch_axes(graph, batched: dict, size: int) -> BatchAxes:
@@ -55,7 +56,9 @@ def batch_axes(graph, batched: dict, size: int) -> BatchAxes:
             return BatchAxes(False, f"output %{o} is a constant fill whose batch axis is not "
                                     "known")
         outs.append(s)
-    return BatchAxes(True, outputs=outs, scans=scans)
+    return BatchAxes(True, outputs=outs, scans=scans,
+                     batched=frozenset(n for n, st in state.items()
+                                       if st is not None and st != UNIFORM))
 
 
 def _where(graph, n) -> str:
