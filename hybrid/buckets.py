@@ -295,8 +295,8 @@ def lookup(cf, sig, leaves, tree, args, kwargs):
             padded = max(padded, _scan_bucket(first, axes, size))  # the work, pad more
     key = (family, padded)
     got = cf.buckets.get(key)
-    if got is None and padded == _size_of(first, family) and not axes.scans and \
-            not _refuse(first, first):
+    if got is None and padded == _size_of(first, family) and axes.ok and not axes.scans \
+            and not _refuse(first, first):
         # the first size is this bucket's size: its graph is the bucket (nothing compiles)
         first.out_axes, first.counted = axes.outputs[:first.n_user_out], False
         got = cf.buckets[key] = first, _Ref(first.graph.copy(), first.out_tree,
