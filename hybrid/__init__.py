@@ -30,3 +30,11 @@ if config.get("HYBRID_GC_FREEZE"):
     import gc as _gc
 
     _gc.freeze()  # the import's objects live as long as the process (HYBRID_GC_FREEZE)
+
+if config.get("HYBRID_PRELOAD_LLVM"):
+    import importlib.util as _util
+
+    if _util.find_spec("llvmlite") is not None:
+        from runtime import native as _native
+
+        _native.prepare()  # llvmlite loads while the script builds its model (a thread)

@@ -160,6 +160,11 @@ FLAGS = {f.name: f for f in [
          "length) runs that bucket's graph on consecutive pieces of this many rows, the "
          "last one padded, where its rows are independent (hybrid/buckets.py); the first "
          "size a block sees always compiles exactly."),
+    Flag("HYBRID_PRELOAD_LLVM", _bool, True,
+         "`import hybrid` starts loading llvmlite (a ~50 ms library load, outside the GIL) "
+         "and LLVM's target machine in a background thread, as jaxlib loads XLA at import, so "
+         "a first compile does not wait for it; 0 loads it when a first compile needs it "
+         "(a process that only loads cached executables never does)."),
     Flag("HYBRID_GC_FREEZE", _bool, True,
          "At the end of `import hybrid`, move every object alive then (modules, classes, "
          "functions: ~50K of them) to the garbage collector's permanent generation "

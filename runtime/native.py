@@ -70,8 +70,17 @@ def _after_fork_in_child():
         _preparing.clear()
 
 
+def _before_fork():
+    """A fork waits (seconds at most) for prepare()'s import of llvmlite to end: a child forked
+    in the middle would inherit the import's module locks held by a thread it does not have,
+    and hang in its own first compile."""
+    for t in list(_preparing):
+        if t is not threading.current_thread():
+            t.join(timeout=5.0)
+
+
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+    os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
 
 
 def _log():

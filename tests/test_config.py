@@ -31,6 +31,7 @@ GOOD = {  # flag -> (environment text, parsed value)
     "HYBRID_BUCKETS": ("0", False),
     "HYBRID_BUCKET_ROWS": ("64", 64),
     "HYBRID_GC_FREEZE": ("off", False),
+    "HYBRID_PRELOAD_LLVM": ("0", False),
     "HYBRID_EAGER_KERNELS": ("no", False),
 }
 BAD = {  # flag -> values that must be refused
@@ -52,6 +53,7 @@ BAD = {  # flag -> values that must be refused
     "HYBRID_BUCKETS": ["maybe"],
     "HYBRID_BUCKET_ROWS": ["many", "0", "48", "-64"],
     "HYBRID_GC_FREEZE": ["later"],
+    "HYBRID_PRELOAD_LLVM": ["soon"],
     "HYBRID_EAGER_KERNELS": ["auto"],
 }
 

@@ -305,7 +305,8 @@ def test_a_cold_call_keys_its_executable_without_llvmlite_and_imports_it_meanwhi
     imports llvmlite in a background thread (native.prepare) while its passes and lowering
     run; that thread also remembers the host for the next process. The thread pool is
     compiled quickly (no IR passes: it runs no array arithmetic)."""
-    env = dict(os.environ, HYBRID_CACHE_DIR=str(tmp_path))
+    # (without the preload at import, so that llvmlite arrives only when a compile needs it)
+    env = dict(os.environ, HYBRID_CACHE_DIR=str(tmp_path), HYBRID_PRELOAD_LLVM="0")
     for k in ("HYBRID_LOG", "HYBRID_PRINT_AFTER", "HYBRID_DUMP_DIR"):
         env.pop(k, None)
     out = subprocess.run([sys.executable, "-c", _COLD_KEY], env=env, cwd=ROOT,
@@ -315,6 +316,34 @@ def test_a_cold_call_keys_its_executable_without_llvmlite_and_imports_it_meanwhi
     assert seen["prepared"] == ["hybrid-llvm-prepare"]
     assert seen["host_known"]
     assert seen["pool_opt"] == native.OPT_QUICK
+
+
+@pytest.mark.parametrize("preload", ["1", "0"])
+def test_import_starts_loading_llvmlite_in_the_background(preload):
+    """HYBRID_PRELOAD_LLVM (on by default): `import hybrid` starts native.prepare's thread, so
+    a first compile finds llvmlite loaded; off, nothing loads until a compile needs it."""
+    code = ("import sys, hybrid\nfrom runtime import native\n"
+            "names = [t.name for t in native._preparing]\n"
+            "for t in native._preparing: t.join(60)\n"
+            "print(names, 'llvmlite.binding' in sys.modules)")
+    env = dict(os.environ, HYBRID_PRELOAD_LLVM=preload)
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=120, check=True)
+    want = "['hybrid-llvm-prepare'] True" if preload == "1" else "[] False"
+    assert out.stdout.strip().splitlines()[-1] == want
+
+
+def test_a_fork_waits_for_the_background_preparation(monkeypatch):
+    """A fork in the middle of prepare()'s import would leave the child holding module locks
+    of a thread it does not have: the fork handler waits for the thread first."""
+    import threading
+    import time
+    done = []
+    t = threading.Thread(target=lambda: (time.sleep(0.3), done.append(1)))
+    monkeypatch.setattr(native, "_preparing", [t])
+    t.start()
+    native._before_fork()
+    assert done and not t.is_alive()
 
 
 def test_prepare_reports_nothing_and_target_raises_what_went_wrong(monkeypatch):
