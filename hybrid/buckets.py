@@ -7,11 +7,12 @@ sentences of another length, on axis 0 time-major or axis 1 batch-major as the b
 its inputs padded with copies of their last row, and slices the real rows out of the
 results: the batch sizes 1..40 take 7 graphs (a power of two each), no call computing more
 than twice its rows. Where a ``foreach`` scans the padded axis (an RNN's time steps) the
-bucket is ``SCAN_BUCKET`` steps where that costs at most twice the work of the real size: the
-loop runs the real steps only, but what the graph computes outside it (a language model's
-embedding and decoder) runs for every padded step — so an LSTM whose loop is most of the work
-serves lengths 10..50 from one bucket, and a language model whose decoder is most of it takes
-the ladder's buckets (length 10 in the 64-step bucket took 3.8x the exact graph's step).
+bucket is ``SCAN_BUCKET`` steps where that costs at most twice the work of the real size, or
+little (``PAD_WORK_FREE``): the loop runs the real steps only, but what the graph computes
+outside it (a language model's embedding and decoder) runs for every padded step — so an LSTM
+whose loop is most of the work, or a small model, serves lengths 10..50 from one bucket, and
+a language model whose decoder is most of a large step takes the ladder's buckets (length 10
+in the 64-step bucket took 3.8x the exact graph's step).
 
 A size above ``HYBRID_BUCKET_ROWS`` (512) runs that largest bucket's graph on consecutive
 pieces of its rows, the last one padded, and joins the pieces' results: a language model's
@@ -42,7 +43,7 @@ import bisect
 import json
 
 from compiler.ops import REGISTRY, Spec
-from compiler.passes.batch_axis import batch_axes
+from compiler.passes.batch_axis import UNIFORM, batch_axes
 from runtime import config
 
 from .ndarray import NDArray, array, broadcast_to, concatenate
@@ -54,8 +55,8 @@ LADDER = tuple(1 << k for k in range(13))  # 1, 2, 4, ... 4096: a few graphs, <=
 
 
 # a size family whose padded axis a foreach scans (an RNN's time steps): the loop runs the
-# real steps only, so one coarse bucket serves the usual sentence lengths where the loop is
-# most of the work (_scan_bucket)
+# real steps only, so one coarse bucket serves the usual sentence lengths where padding the
+# rest of the graph is cheap (_scan_bucket)
 SCAN_BUCKET = 64
 
 
@@ -88,14 +89,21 @@ def work(graph, batched=frozenset()) -> tuple:
     return rows, other, inside
 
 
-def _scan_bucket(first, axes, size: int) -> int:
-    """SCAN_BUCKET where its padded steps cost at most the real size's work again (the loop
-    stops after the real steps; the graph's other work on the padded axis runs for every
-    padded step), else 0 (the ladder's bucket)."""
+# multiply-adds a padded call may add whatever its ratio to the real size's (~0.3 ms on one
+# core): a small model's steps cost their calls' overhead, not their arithmetic
+PAD_WORK_FREE = 2e7
+
+
+def _scan_bucket(first, axes, size: int, first_size: int) -> int:
+    """SCAN_BUCKET where its padded steps cost at most the real size's work again, or little
+    (the loop stops after the real steps; the graph's other work on the padded axis runs for
+    every padded step), else 0 (the ladder's bucket). The work per step is the first
+    trace's (``first_size`` steps)."""
     rows, other, inside = work(first.graph, axes.batched)
-    total = rows + other + inside
-    share = rows / total if total else 0.0
-    return SCAN_BUCKET if share * SCAN_BUCKET / size + (1.0 - share) <= 2.0 else 0
+    rows_per, inside_per = rows / first_size, inside / first_size
+    exact = (rows_per + inside_per) * size + other
+    extra = rows_per * (SCAN_BUCKET - size)
+    return SCAN_BUCKET if extra <= max(exact, PAD_WORK_FREE) else 0
 
 
 def _first_axes(first, family):
@@ -119,7 +127,7 @@ def _in_pieces(axes, n_user_out) -> bool:
     """Whether consecutive pieces of the rows may run one after another: rows kept apart,
     no foreach scanning the axis, every output along it."""
     return axes.ok and not axes.scans and \
-        all(o is not None and o != "uniform" for o in axes.outputs[:n_user_out])
+        all(o is not None and o != UNIFORM for o in axes.outputs[:n_user_out])
 
 
 def bucket_of(n: int) -> int | None:
@@ -291,8 +299,9 @@ def lookup(cf, sig, leaves, tree, args, kwargs):
         padded = bucket_of(size)
         if padded is None:
             return None
-        if _scans(axes):  # a scan stops after the real steps: where the loop is most of
-            padded = max(padded, _scan_bucket(first, axes, size))  # the work, pad more
+        if _scans(axes):  # a scan stops after the real steps: pad more where that is cheap
+            first_size = _size_of(first, family)
+            padded = max(padded, _scan_bucket(first, axes, size, first_size))
     key = (family, padded)
     got = cf.buckets.get(key)
     if got is None and padded == _size_of(first, family) and axes.ok and not axes.scans \
