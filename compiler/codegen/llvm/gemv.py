@@ -92,15 +92,18 @@ def gemv_pack(eb, dt, n, k, w, ldw, packed):
                 b.store(v, eb.gep(packed, dt, eb.add(dst, i * lanes)), align=_isize(dt))
 
 
-def gemv_rows(eb, dt, n, k, x, w, ldw, y, accumulate, part=None, packed=None):
+def gemv_rows(eb, dt, n, k, x, w, ldw, y, accumulate, part=None, packed=None,
+              ready=None):
     """y[j] (+)= dot(x, w[j, :k]) for j < n: batch-1 Dense layers (x @ W.T, W stored
     (out, in)). ROWS rows at a time, each with its own vector accumulator, so the FMA chains
     overlap and x is loaded once per block; the tail below one vector is scalar.
 
     part: ``(lo, hi, last)`` to run only blocks [lo, hi) of the n // ROWS full blocks (i64
     values), and the rows after them when ``last`` (an i1) holds: one worker's share.
-    packed: the full blocks' vectors as gemv_pack left them (the same sums, in the same
-    order: only where the weights are read from changes)."""
+    packed: the full blocks' vectors as gemv_pack left them, read where ``ready`` (an i1)
+    holds at run time, else the rows in place: the same sums in the same order, one loop
+    for both layouts (each row's vectors ROWS or 1 element(s) apart) — a loop per layout
+    doubled the code that a cold first call's LLVM compiles."""
     b = eb.b
     fty = F32 if dt == "float32" else F64
     lanes = vector_lanes(dt)
@@ -114,10 +117,16 @@ def gemv_rows(eb, dt, n, k, x, w, ldw, y, accumulate, part=None, packed=None):
 
     def rows(j0, r, jb=None):
         bases = [eb.mul(eb.add(j0, i), ldw) for i in range(r)]
-        # the block's vectors in packed order: row i of vector kk at jb * ROWS * kv + kk *
-        # ROWS + i * lanes
-        from_pack = packed is not None and jb is not None
-        block_at = eb.mul(jb, ROWS * kv) if from_pack else None
+        # where row i's vectors start and how many elements apart they are: in place, w's
+        # row, 1; packed (gemv_pack: row i of vector kk at jb * ROWS * kv + kk * ROWS + i *
+        # lanes), the block's stream, ROWS
+        starts = [b.gep(w, [base], source_etype=fty) for base in bases]
+        mult = eb.c(1)
+        if packed is not None and jb is not None:
+            at = eb.mul(jb, ROWS * kv)
+            starts = [b.select(ready, eb.gep(packed, dt, eb.add(at, i * lanes)), start)
+                      for i, start in enumerate(starts)]
+            mult = b.select(ready, eb.c(ROWS), mult)
         accs = [zero] * r
         if kv:
             head = b.block
@@ -134,20 +143,17 @@ def gemv_rows(eb, dt, n, k, x, w, ldw, y, accumulate, part=None, packed=None):
                 phis.append(ph)
             xv = b.load(eb.gep(x, dt, kk), typ=vty, align=_isize(dt))
             new = []
-            ahead = eb.add(kk, eb.c(PREFETCH_AHEAD // _isize(dt)))
-            for i, (base, ph) in enumerate(zip(bases, phis)):
-                if from_pack:  # one contiguous stream: the hardware prefetcher keeps up
-                    at = eb.add(block_at, eb.mul(kk, ROWS), i * lanes)
-                    wv = b.load(eb.gep(packed, dt, at), typ=vty, align=_isize(dt))
-                    new.append(b.call(fma, [xv, wv, ph]))
-                    continue
-                if PREFETCH_AHEAD:
+            step = eb.mul(kk, mult)
+            ahead = eb.mul(eb.add(kk, eb.c(PREFETCH_AHEAD // _isize(dt))), mult)
+            for start, ph in zip(starts, phis):
+                if PREFETCH_AHEAD:  # (packed, it reads ahead in the block's own stream)
                     # not inbounds: the address may run past the weights (a prefetch
                     # never faults)
-                    at = b.gep(w, [eb.add(base, ahead)], source_etype=fty)
-                    b.call(prefetch, [at, ir.Constant(I32, 0), ir.Constant(I32, 3),
+                    b.call(prefetch, [b.gep(start, [ahead], source_etype=fty),
+                                      ir.Constant(I32, 0), ir.Constant(I32, 3),
                                       ir.Constant(I32, 1)])
-                wv = b.load(eb.gep(w, dt, eb.add(base, kk)), typ=vty, align=_isize(dt))
+                wv = b.load(b.gep(start, [step], inbounds=True, source_etype=fty), typ=vty,
+                            align=_isize(dt))
                 new.append(b.call(fma, [xv, wv, ph]))
             nxt = b.add(kk, eb.c(lanes))
             kk.add_incoming(nxt, b.block)

@@ -233,12 +233,13 @@ def _gemv(eb: EB, step, dt, n, k, ldb, packed):
         lo, hi = worker_range(e, w, n // GEMV_ROWS, workers)
         return lo, hi, e.b.icmp_signed("==", w, e.c(workers - 1))
 
-    def run(pack):
-        run_workers(eb, workers, lambda e, w: gemv_rows(
-            e, dt, n, k, e.slot_ptr(sa), e.slot_ptr(sbb), ldb, e.slot_ptr(so), False,
-            part(e, w), e.scratch(step.scratch, PACK_HEADER) if pack else None), spawn=False)
+    def rows(e, w):  # packed: one loop for both layouts, reading the state the caller set
+        ready = e.b.icmp_unsigned("==", e.b.load(e.scratch(step.scratch, 0), typ=I64, align=8),
+                                  e.c(PACK_READY)) if packed else None
+        gemv_rows(e, dt, n, k, e.slot_ptr(sa), e.slot_ptr(sbb), ldb, e.slot_ptr(so), False,
+                  part(e, w), e.scratch(step.scratch, PACK_HEADER) if packed else None, ready)
     if not packed:
-        run(False)
+        run_workers(eb, workers, rows, spawn=False)
         return
     b = eb.b
     state_at = eb.scratch(step.scratch, 0)
@@ -248,12 +249,7 @@ def _gemv(eb: EB, step, dt, n, k, ldb, packed):
         b.store(eb.c(PACK_READY), state_at, align=8)
     with b.if_then(b.icmp_unsigned("==", state, eb.c(PACK_NEW))):
         b.store(eb.c(PACK_SEEN), state_at, align=8)
-    ready = b.icmp_unsigned("==", b.load(state_at, typ=I64, align=8), eb.c(PACK_READY))
-    with b.if_else(ready) as (from_pack, in_place):
-        with from_pack:
-            run(True)
-        with in_place:
-            run(False)
+    run_workers(eb, workers, rows, spawn=False)
 
 
 
