@@ -42,8 +42,9 @@ from __future__ import annotations
 import bisect
 import json
 
-from compiler.ops import REGISTRY, Spec
+from compiler.ops import Spec
 from compiler.passes.batch_axis import UNIFORM, batch_axes
+from compiler.passes.work import graph_work
 from runtime import config
 
 from .ndarray import NDArray, array, broadcast_to, concatenate
@@ -60,35 +61,6 @@ LADDER = tuple(1 << k for k in range(13))  # 1, 2, 4, ... 4096: a few graphs, <=
 SCAN_BUCKET = 64
 
 
-def work(graph, batched=frozenset()) -> tuple:
-    """(work of the nodes in ``batched``, of the other nodes, in loops) for one call of
-    ``graph``: multiply-adds for products and convolutions, elements for other computing
-    ops (views and reshapes are free); a foreach body's once per step."""
-    rows = other = inside = 0.0
-    for n in graph.op_nodes():
-        op = graph.op(n)
-        attrs = graph.node(n)["attrs"]
-        if op == "foreach":
-            data = graph.arg_ids(n)[1 if attrs.get("counted") else 0]
-            steps = graph.spec(data).shape[0] if graph.spec(data).shape else 0
-            inside += steps * sum(work(attrs["body"].graph))
-        elif op in ("while_loop", "cond"):
-            inside += sum(sum(work(b.graph)) for b in attrs.values() if hasattr(b, "graph"))
-        elif op != "nth" and REGISTRY[op].kind != "movement":
-            out = graph.spec(n).size
-            args = graph.arg_ids(n)
-            if op == "matmul":
-                out *= graph.spec(args[0]).shape[-1]
-            elif op.startswith("conv2d") and len(args) > 1:
-                w = graph.spec(args[1])
-                out *= w.size // max(1, w.shape[0])
-            if n in batched:
-                rows += out
-            else:
-                other += out
-    return rows, other, inside
-
-
 # multiply-adds a padded call may add whatever its ratio to the real size's (~0.3 ms on one
 # core): a small model's steps cost their calls' overhead, not their arithmetic
 PAD_WORK_FREE = 2e7
@@ -99,7 +71,7 @@ def _scan_bucket(first, axes, size: int, first_size: int) -> int:
     (the loop stops after the real steps; the graph's other work on the padded axis runs for
     every padded step), else 0 (the ladder's bucket). The work per step is the first
     trace's (``first_size`` steps)."""
-    rows, other, inside = work(first.graph, axes.batched)
+    rows, other, inside = graph_work(first.graph, axes.batched)
     rows_per, inside_per = rows / first_size, inside / first_size
     exact = (rows_per + inside_per) * size + other
     extra = rows_per * (SCAN_BUCKET - size)
@@ -117,10 +89,6 @@ def _size_of(entry, family) -> int:
     """The size along the family's axis of ``entry``'s first padded argument."""
     batched = next(n for n, b in zip(entry.graph.inputs, family[2]) if b)
     return entry.graph.spec(batched).shape[family[-1]]
-
-
-def _scans(axes) -> bool:
-    return axes.ok and bool(axes.scans)
 
 
 def _in_pieces(axes, n_user_out) -> bool:
@@ -299,9 +267,8 @@ def lookup(cf, sig, leaves, tree, args, kwargs):
         padded = bucket_of(size)
         if padded is None:
             return None
-        if _scans(axes):  # a scan stops after the real steps: pad more where that is cheap
-            first_size = _size_of(first, family)
-            padded = max(padded, _scan_bucket(first, axes, size, first_size))
+        if axes.ok and axes.scans:  # a scan stops after the real steps: pad more where cheap
+            padded = max(padded, _scan_bucket(first, axes, size, _size_of(first, family)))
     key = (family, padded)
     got = cf.buckets.get(key)
     if got is None and padded == _size_of(first, family) and axes.ok and not axes.scans \

@@ -237,6 +237,9 @@ class OpDef:
           elimination and says which inputs need one (a first layer's data needs none);
           graph autodiff passes nothing and prunes what is unused.
     scalar(b, *xs, **attrs): for elementwise ops, the expression code generators lower.
+    work(out, *in_specs, **attrs) -> int: multiply-adds of one application, for ops that do
+          more than one per output element (products, convolutions); by default an
+          output element each, none for movement ops (``op_work``).
     """
     name: str
     kind: str
@@ -248,6 +251,7 @@ class OpDef:
     dtypes: str = "all"
     doc: str = ""
     attrs: tuple = ()
+    work: Callable | None = None
 
     @property
     def differentiable(self) -> bool:
@@ -264,12 +268,22 @@ REGISTRY: dict[str, OpDef] = {}
 
 
 def register(name: str, kind: str, *, infer, impl, grad=None, scalar=None, num_outputs=1,
-             dtypes="all", doc="", attrs=()) -> OpDef:
+             dtypes="all", doc="", attrs=(), work=None) -> OpDef:
     if name in REGISTRY:
         raise ValueError(f"op {name!r} is registered twice")
-    op = OpDef(name, kind, infer, impl, grad, scalar, num_outputs, dtypes, doc, tuple(attrs))
+    op = OpDef(name, kind, infer, impl, grad, scalar, num_outputs, dtypes, doc, tuple(attrs),
+               work)
     REGISTRY[name] = op
     return op
+
+
+def op_work(name: str, out: Spec, in_specs, attrs: dict) -> int:
+    """Multiply-adds (or elements) one application of op ``name`` costs: its ``work`` rule,
+    else one per output element, none for a movement op (a view or a copy)."""
+    op = get_op(name)
+    if op.work is not None:
+        return op.work(out, *in_specs, **attrs)
+    return 0 if op.kind == "movement" else out.size
 
 
 def get_op(name: str) -> OpDef:

@@ -50,4 +50,5 @@ def _matmul_grad(F, i, out, g, *, needs=(True, True)):
 
 register("matmul", "extern", infer=_matmul_infer,
          impl=lambda xp, a, b: xp.matmul(a, b), grad=_matmul_grad, dtypes="numeric",
-         doc="a @ b over the last two axes, batch axes broadcast")
+         doc="a @ b over the last two axes, batch axes broadcast",
+         work=lambda out, a, b: out.size * a.shape[-1])

@@ -2,6 +2,8 @@
 gradient kernels. Batch norm, layer norm, dropout and softmax are composites (composite.py)."""
 from __future__ import annotations
 
+import math
+
 import numbers
 
 from .core import OpError, Spec, check_dtype, register
@@ -110,7 +112,14 @@ def _conv_grad(F, i, out, g, stride=1, pad=0, dilation=1, groups=1, *, needs=(Tr
             F.conv2d_grad_weight(x, g, weight_shape=tuple(w.shape), **kw) if needs[1] else None)
 
 
+def _conv_work(g, w):
+    """Multiply-adds of a convolution, its data gradient or its weight gradient: every
+    output position (g's elements) times a filter's C/groups x KH x KW taps."""
+    return g.size * (math.prod(w[1:]) if isinstance(w, tuple) else w.size // w.shape[0])
+
+
 register("conv2d", "extern", infer=_conv_infer, impl=_conv_impl, grad=_conv_grad,
+         work=lambda out, x, w, **attrs: _conv_work(out, w),
          dtypes="float", attrs=("stride", "pad", "dilation", "groups"),
          doc="2-D cross-correlation, NCHW data and (O, C/groups, KH, KW) weight")
 
@@ -149,7 +158,7 @@ def _grad_data_grad(F, i, out, dy, data_shape, **kw):
 
 
 register("conv2d_grad_data", "extern", infer=_grad_data_infer, impl=_grad_data_impl,
-         grad=_grad_data_grad,
+         grad=_grad_data_grad, work=lambda out, g, w, **attrs: _conv_work(g, w),
          dtypes="float", attrs=("data_shape", "stride", "pad", "dilation", "groups"),
          doc="gradient of conv2d with respect to its data (col2im of g @ W)")
 
@@ -175,6 +184,7 @@ def _grad_weight_impl(xp, x, g, weight_shape, stride=1, pad=0, dilation=1, group
 
 
 register("conv2d_grad_weight", "extern", infer=_grad_weight_infer, impl=_grad_weight_impl,
+         work=lambda out, x, g, weight_shape, **attrs: _conv_work(g, tuple(weight_shape)),
          dtypes="float", attrs=("weight_shape", "stride", "pad", "dilation", "groups"),
          doc="gradient of conv2d with respect to its weight (g @ im2col(x))")
 
