@@ -5,9 +5,10 @@ JAX runs every eager primitive as a compiled one-op program; here only the ops w
 pays: convolutions and their two gradients, pooling and its gradient (NumPy's im2col +
 strided-window code spends more time moving windows than multiplying), and transcendental
 elementwise ops on large arrays (sigmoid, tanh, exp, log, erf: NumPy's scalar loops vs a
-vectorized one), and large random draws (the counter-based generator in one pass instead of
-~15 array passes, bit for bit the same numbers). Other elementwise ops, reductions and
-matmul stay NumPy (one ufunc or BLAS call: nothing to gain).
+vectorized one), large random draws (the counter-based generator in one pass instead of
+~15 array passes, bit for bit the same numbers), and float32 products at the sizes the
+register-tiled loops take (``MATMUL_COMPILED``). Other elementwise ops, reductions and other
+products stay NumPy (one ufunc or BLAS call: nothing to gain).
 
 A signature (op, operand shapes and dtypes, attributes) is the eager front end's inference
 key, so the kernel lives in the same cache entry as the op's inferred types. Its first call
@@ -52,6 +53,16 @@ LARGE_OPS = frozenset(("sigmoid", "tanh", "exp", "log", "erf"))
 # functions): measured at 1000 x 1000, uniform 13.6 -> 0.6 ms, normal 77 -> 26 ms (its libm
 # log1p and cos per element are most of what is left); a (2, 3) draw ~40 -> ~25 us
 RANDOM_OPS = frozenset(("random_uniform", "random_normal", "random_randint"))
+# float32 products at the sizes the generated GEMM loops take (extern_plan.matmul_plan: not a
+# batch-1 GEMV, not a thin or huge product): they beat OpenBLAS there (the book's MLP at
+# batch 64 on a 2-vCPU Xeon: 64x512 @ 512x256 112 -> 66 us, 64x256 @ 256x128 41 -> 19 us).
+# A transposed operand (Dense's x @ W.T is a view of W) is read as its base with the
+# product's transpose flag, never copied. Only up to MATMUL_MAX_MACS: the MLP training step
+# at batch 256 (784 -> 256: 51M multiply-adds a product) ran its products at ~680 us in the
+# step against ~300 alone (the pool's threads beside the engine's on 2 vCPUs), the step
+# 1.7 -> 2.2 ms; LeNet's (<= 12M) and the MLP's at batch 64 (8M) gain in steps and loops.
+MATMUL_COMPILED = "matmul"
+MATMUL_MAX_MACS = 1 << 24
 # the ops compiled on a GPU (the random draws: see the module's docstring)
 GPU_OPS = RANDOM_OPS
 LARGE_MIN = 1 << 14
@@ -72,6 +83,9 @@ def kernel_for(name, args, attrs, out_specs, fallback, device=None):
     if on_gpu:
         if name not in GPU_OPS:
             return fallback
+    elif name == MATMUL_COMPILED:
+        if not _generated_gemm(args, attrs, out_specs):
+            return fallback
     elif name not in COMPILED_OPS and not _compiled_by_size(name, out_specs):
         return fallback
     operands = []
@@ -82,6 +96,21 @@ def kernel_for(name, args, attrs, out_specs, fallback, device=None):
         operands.append((tuple(shape), a._dtype))
     return CompiledKernel(name, operands, dict(attrs), out_specs, fallback,
                           device if on_gpu else None)
+
+
+def _generated_gemm(args, attrs, out_specs) -> bool:
+    """A plain 2-D float32 product that the generated GEMM loops take."""
+    from compiler.codegen.extern_plan import matmul_plan  # noqa: PLC0415 - compiler: lazily
+    if attrs.get("transpose_a") or attrs.get("transpose_b") or len(args) != 2:
+        return False
+    shapes = [tuple(getattr(a, "shape", ())) for a in args]
+    dtypes = [getattr(a, "_dtype", None) for a in args]
+    if any(len(s) != 2 for s in shapes) or set(dtypes) != {"float32"} or \
+            out_specs[0].dtype != "float32":
+        return False
+    (m, k), n = shapes[0], shapes[1][1]
+    return m > 1 and m * k * n <= MATMUL_MAX_MACS and \
+        matmul_plan(shapes, dtypes, "float32", {}) is not None
 
 
 def _compiled_by_size(name, out_specs) -> bool:
@@ -98,7 +127,7 @@ class CompiledKernel:
     calls, then the compiled executable (LLVM on the CPU, CUDA C on ``gpu``)."""
 
     __slots__ = ("name", "operands", "attrs", "out_specs", "fallback", "calls", "exe", "lock",
-                 "min_calls", "gpu")
+                 "min_calls", "gpu", "layouts")
 
     def __init__(self, name, operands, attrs, out_specs, fallback, gpu=None):
         self.name = name
@@ -112,8 +141,11 @@ class CompiledKernel:
         self.min_calls = SMALL_DRAW_CALLS if small and name in RANDOM_OPS else MIN_CALLS
         self.exe = None  # the Executable; False once a compile failed
         self.lock = threading.Lock()
+        self.layouts = {}  # a product's (transpose_a, transpose_b) -> its Executable / False
 
     def __call__(self, xp, args, attrs):
+        if self.gpu is None and self.name == MATMUL_COMPILED:
+            return self._product(args, attrs)
         exe = self.exe
         if not _flag("HYBRID_EAGER_KERNELS"):
             exe = None
@@ -129,29 +161,63 @@ class CompiledKernel:
             return tuple(exe.run(np, [np.ascontiguousarray(a) for a in args], []))
         return tuple(exe.run(xp, list(args), []))  # queued on the GPU's compute stream
 
+    def _product(self, args, attrs):
+        """A product whose operands may be transposed views: the executable of their layout
+        (read as their bases with the product's transpose flags), compiled at its
+        MIN_CALLS-th call; NumPy before, and for a view neither layout describes."""
+        layout, bases = [], []
+        for a in args:
+            t = not a.flags.c_contiguous
+            if t and not a.T.flags.c_contiguous:
+                layout = None
+                break
+            layout.append(t)
+            bases.append(a.T if t else a)
+        exe = None
+        if layout is not None and _flag("HYBRID_EAGER_KERNELS"):
+            layout = tuple(layout)
+            exe = self.layouts.get(layout)
+            if exe is None:
+                self.calls += 1
+                if self.calls >= self.min_calls:
+                    with self.lock:
+                        exe = self.layouts.get(layout)
+                        if exe is None:
+                            exe = self.layouts[layout] = self._compile(
+                                [(tuple(b.shape), self.operands[i][1])
+                                 for i, b in enumerate(bases)], self.attrs, layout)
+        if not exe:
+            stats["numpy_calls"] += 1
+            return self.fallback(np, args, attrs)
+        stats["native_calls"] += 1
+        return tuple(exe.run(np, bases, []))
+
+    def _compile(self, operands, attrs, transposed=()):
+        """compile_op's executable for these operands, or False (logged) where it fails or
+        disagrees with the signature's inferred shapes."""
+        try:
+            exe = compile_op(self.name, operands, attrs, self.gpu, transposed)
+            stats["compiles"] += 1
+        except Exception as exc:  # noqa: BLE001 - the array module still computes it
+            stats["failures"] += 1
+            _log.info("eager %s%s on %s: no compiled kernel (%s: %s); %s runs it",
+                      self.name, operands, self.gpu or "cpu", type(exc).__name__, exc,
+                      "NumPy" if self.gpu is None else "the GPU's array module")
+            return False
+        specs = [tuple(s.shape) for s in exe.out_specs]
+        return exe if specs == [tuple(s.shape) for s in self.out_specs] else False
+
     def build(self):
         with self.lock:
             if self.exe is None:
-                try:
-                    self.exe = compile_op(self.name, self.operands, self.attrs, self.gpu)
-                    stats["compiles"] += 1
-                except Exception as exc:  # noqa: BLE001 - the array module still computes it
-                    stats["failures"] += 1
-                    _log.info("eager %s%s on %s: no compiled kernel (%s: %s); %s runs it",
-                              self.name, self.operands, self.gpu or "cpu",
-                              type(exc).__name__, exc, "NumPy" if self.gpu is None
-                              else "the GPU's array module")
-                    self.exe = False
-                else:
-                    specs = [tuple(s.shape) for s in self.exe.out_specs]
-                    if specs != [tuple(s.shape) for s in self.out_specs]:
-                        self.exe = False  # never a kernel that disagrees with inference
+                self.exe = self._compile(self.operands, self.attrs)
         return self.exe
 
 
-def compile_op(name, operands, attrs, gpu=None):
+def compile_op(name, operands, attrs, gpu=None, transposed=()):
     """An executable for one op applied to fresh inputs of the given (shape, dtype): LLVM for
-    the CPU, or CUDA C for the GPU Device ``gpu``."""
+    the CPU, or CUDA C for the GPU Device ``gpu``. ``transposed[i]``: the op reads input i's
+    2-D transpose (the lowering folds it into a product's operand)."""
     from compiler import pipeline  # noqa: PLC0415 - the compiler loads on first use
     from compiler.graph import Graph, NodeRef  # noqa: PLC0415
     from compiler.ops import Spec  # noqa: PLC0415
@@ -160,5 +226,7 @@ def compile_op(name, operands, attrs, gpu=None):
     g = Graph(f"eager_{name}")
     ins = [NodeRef(g.add_input(Spec(shape, dtype), f"x{i}", device=where))
            for i, (shape, dtype) in enumerate(operands)]
+    ins = [NodeRef(g.add_op("transpose", [a], {"axes": (1, 0)}, device=where))
+           if i < len(transposed) and transposed[i] else a for i, a in enumerate(ins)]
     g.outputs = [g.add_op(name, ins, attrs, device=where)]
     return pipeline.compile(g, "llvm" if gpu is None else "cuda", gpu)

@@ -121,7 +121,8 @@ def test_long_op_path_chosen_by_the_trial_gives_the_same_result(monkeypatch, in_
     y = x @ wx
     assert asked == [True], "a long op did not ask the eager ops' trial"
     assert (_pushes() == before) == in_caller
-    np.testing.assert_array_equal(y.asnumpy(), a @ w)
+    # (NumPy's sums at the signature's first call, the generated GEMM's later: to rounding)
+    np.testing.assert_allclose(y.asnumpy(), a @ w, rtol=1e-5, atol=1e-4)
     # a long op on a pending input tells the trial too (it counts a loop's iterations by
     # them) and is queued whatever the answer
     gate = __import__("threading").Event()
@@ -132,8 +133,8 @@ def test_long_op_path_chosen_by_the_trial_gives_the_same_result(monkeypatch, in_
     before = _pushes()
     z = slow @ wx
     assert len(asked) == 2 and _pushes() == before + 1
-    gate.set()
-    np.testing.assert_array_equal(z.asnumpy(), a @ w)
+    gate.set()  # (the signature's second call: the generated GEMM's sums, to rounding)
+    np.testing.assert_allclose(z.asnumpy(), a @ w, rtol=1e-5, atol=1e-4)
 
 
 def test_computed_buffer_makes_its_var_on_demand():
@@ -302,6 +303,39 @@ def test_training_gradients_match_numpy_kernels():
     assert eager_kernels.stats["native_calls"] > before
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=2e-4, atol=2e-4)
+
+
+@pytest.mark.parametrize("layout", [(False, False), (False, True), (True, False),
+                                    (True, True)])
+def test_products_run_the_generated_gemm_in_their_operands_layout(layout):
+    # Dense's x @ W.T (a view of W) and a weight gradient's g.T @ x: each layout has its own
+    # executable reading the views' bases, never a copy; results as NumPy's, to rounding
+    m, k, n = 48, 96, 64
+    a = _rnd((k, m) if layout[0] else (m, k), 11)
+    b = _rnd((n, k) if layout[1] else (k, n), 12)
+    want = (a.T if layout[0] else a) @ (b.T if layout[1] else b)
+    x, w = hb.array(a), hb.array(b)
+    x, w = (x.T if layout[0] else x), (w.T if layout[1] else w)
+    before = dict(eager_kernels.stats)
+    for _ in range(3):
+        got = (x @ w).asnumpy()
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+    assert eager_kernels.stats["native_calls"] >= before["native_calls"] + 2
+    assert eager_kernels.stats["failures"] == before["failures"]
+
+
+def test_products_the_generated_gemm_does_not_take_stay_numpy():
+    rng = np.random.default_rng(13)
+    cases = [((1, 512), (512, 256)),  # batch 1: NumPy's GEMV
+             ((64, 128), (128, 2)),  # fewer columns than a vector's lanes
+             ((512, 1024), (1024, 64))]  # above MATMUL_MAX_MACS
+    for sa, sb in cases:
+        a, b = (rng.standard_normal(s).astype(np.float32) for s in (sa, sb))
+        x, w = hb.array(a), hb.array(b)
+        before = eager_kernels.stats["native_calls"]
+        for _ in range(3):
+            np.testing.assert_allclose((x @ w).asnumpy(), a @ b, rtol=1e-5, atol=1e-4)
+        assert eager_kernels.stats["native_calls"] == before, (sa, sb)
 
 
 def test_eager_kernels_off_means_numpy():
