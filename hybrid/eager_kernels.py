@@ -84,7 +84,7 @@ def kernel_for(name, args, attrs, out_specs, fallback, device=None):
         if name not in GPU_OPS:
             return fallback
     elif name == MATMUL_COMPILED:
-        if not _generated_gemm(args, attrs, out_specs):
+        if not _plain_product(args, attrs, out_specs):
             return fallback
     elif name not in COMPILED_OPS and not _compiled_by_size(name, out_specs):
         return fallback
@@ -98,19 +98,23 @@ def kernel_for(name, args, attrs, out_specs, fallback, device=None):
                           device if on_gpu else None)
 
 
-def _generated_gemm(args, attrs, out_specs) -> bool:
-    """A plain 2-D float32 product that the generated GEMM loops take."""
-    from compiler.codegen.extern_plan import matmul_plan  # noqa: PLC0415 - compiler: lazily
+def _plain_product(args, attrs, out_specs) -> bool:
+    """A 2-D float32 product, not batch 1, of at most MATMUL_MAX_MACS (whether the GEMM loops
+    take it is asked when it compiles: the plan reads the host's vector width, which loads
+    LLVM, and a first call never waits for that)."""
     if attrs.get("transpose_a") or attrs.get("transpose_b") or len(args) != 2:
         return False
     shapes = [tuple(getattr(a, "shape", ())) for a in args]
-    dtypes = [getattr(a, "_dtype", None) for a in args]
-    if any(len(s) != 2 for s in shapes) or set(dtypes) != {"float32"} or \
-            out_specs[0].dtype != "float32":
+    if any(len(s) != 2 for s in shapes) or \
+            {getattr(a, "_dtype", None) for a in args} | {out_specs[0].dtype} != {"float32"}:
         return False
     (m, k), n = shapes[0], shapes[1][1]
-    return m > 1 and m * k * n <= MATMUL_MAX_MACS and \
-        matmul_plan(shapes, dtypes, "float32", {}) is not None
+    return m > 1 and m * k * n <= MATMUL_MAX_MACS
+
+
+def _gemm_loops_take(shapes) -> bool:
+    from compiler.codegen.extern_plan import matmul_plan  # noqa: PLC0415 - compiler: lazily
+    return matmul_plan(shapes, ["float32"] * 2, "float32", {}) is not None
 
 
 def _compiled_by_size(name, out_specs) -> bool:
@@ -183,7 +187,8 @@ class CompiledKernel:
                     with self.lock:
                         exe = self.layouts.get(layout)
                         if exe is None:
-                            exe = self.layouts[layout] = self._compile(
+                            exe = self.layouts[layout] = _gemm_loops_take(
+                                [s for s, _ in self.operands]) and self._compile(
                                 [(tuple(b.shape), self.operands[i][1])
                                  for i, b in enumerate(bases)], self.attrs, layout)
         if not exe:

@@ -603,8 +603,9 @@ def test_eager_draws_on_a_gpu_run_its_compiled_cuda_kernel(kind, attrs, dtype, m
     impl = {"uniform": _uniform_impl, "normal": _normal_impl, "randint": _randint_impl}[kind]
     built = []
     compile_op = eager_kernels.compile_op
-    monkeypatch.setattr(eager_kernels, "compile_op", lambda name, operands, attrs, gpu=None:
-                        built.append(gpu) or compile_op(name, operands, attrs, gpu))
+    monkeypatch.setattr(eager_kernels, "compile_op", lambda name, operands, attrs, gpu=None,
+                        *rest: built.append(gpu) or compile_op(name, operands, attrs, gpu,
+                                                               *rest))
     draw = getattr(hb.random, kind)
     dev, shape = hb.gpu(0), (131, 127)  # >= LARGE_MIN elements, odd extents
     hb.random.seed(21)
