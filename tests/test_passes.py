@@ -474,3 +474,37 @@ def test_resize_batch_refuses_rows_that_mix_and_captured_rows():
     g.outputs = [op(g, "matmul", q, k)]
     with pytest.raises(NotResizable, match="matmul"):
         resize_batch(g, [q], 3)
+
+
+@pytest.mark.parametrize("keepdims", [True, False])
+def test_pick_of_a_log_softmax_picks_before_the_subtractions(keepdims):
+    """A softmax cross-entropy's pick(x - max - log(sum)) becomes x[i] - max - log(sum): the
+    log-softmax is no longer written for every class, the exp-sum reads x once, and the
+    result is the same bits (the same operations on the same elements)."""
+    g = Graph("t")
+    x = g.add_input(Spec((5, 7), "float32"), "x")
+    i = g.add_input(Spec((5,), "int64"), "i")
+    m = op(g, "max", x, axis=-1, keepdims=True)
+    d = op(g, "sub", x, m)
+    lse = op(g, "log", op(g, "sum", op(g, "exp", d), axis=-1, keepdims=True))
+    g.outputs = [op(g, "pick", op(g, "sub", d, lse), i, axis=1, keepdims=keepdims)]
+    out, rep = simplify(g)
+    assert rep["hits"].get("pick of elementwise") == 2
+    picked = [n for n in out.op_nodes() if out.op(n) == "pick"]
+    assert [out.arg_ids(n)[0] for n in picked] == [out.inputs[0]], "pick reads x itself"
+    rng = np.random.default_rng(0)
+    ins = [rng.standard_normal((5, 7)).astype(np.float32) * 30,
+           np.array([0, 6, 3, 9, -2], np.int64)]  # out of range clips, as pick does
+    want, got = run_reference(g, ins)[0], run_reference(out, ins)[0]
+    assert got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+
+
+def test_pick_of_an_operand_broadcast_along_another_axis_is_left_alone():
+    g = Graph("t")
+    x = g.add_input(Spec((5, 7), "float32"), "x")
+    row = g.add_input(Spec((1, 7), "float32"), "row")  # varies along the picked axis
+    i = g.add_input(Spec((5,), "int64"), "i")
+    g.outputs = [op(g, "pick", op(g, "mul", x, row), i, axis=1)]
+    out, rep = simplify(g)
+    assert "pick of elementwise" not in rep["hits"]

@@ -205,6 +205,41 @@ def _scatter_sum(graph, n):
     return graph.add_op("concatenate", [NodeRef(p) for p in pieces], {"axis": axis}, where, dev)
 
 
+def _pick_of_elementwise(graph, n):
+    """pick(f(a, b, ...), i) -> f(pick(a, i), b', ...) for an elementwise f: each operand
+    of f's shape is picked, one broadcast along the picked axis is taken as it is. The
+    same operations on the same elements, so the same bits; a softmax cross-entropy's
+    log-softmax is then computed for the picked class only, not written for every class
+    and read back (f stays for its other users, recomputed for one element per row)."""
+    if graph.op(n) != "pick":
+        return None
+    x, index = graph.arg_ids(n)
+    op = REGISTRY.get(graph.op(x))
+    if op is None or op.kind != "elementwise" or op.num_outputs != 1:
+        return None
+    attrs = graph.node(n)["attrs"]
+    shape = graph.spec(x).shape
+    axis = attrs.get("axis", -1) % len(shape)
+    where, dev = graph.node(n).get("where"), graph.node(n)["device"]
+    args = []
+    for a in graph.args(x):
+        if not isinstance(a, NodeRef):
+            args.append(a)
+            continue
+        s = graph.spec(a.id).shape
+        if s == shape:
+            args.append(NodeRef(graph.add_op("pick", [a, NodeRef(index)],
+                                             {"axis": axis, "keepdims": True}, where, dev)))
+        elif len(s) == len(shape) and s[axis] == 1:
+            args.append(a)  # broadcast along the axis: every class reads the same value
+        else:
+            return None
+    out = graph.add_op(graph.op(x), args, dict(graph.node(x)["attrs"]), where, dev)
+    if attrs.get("keepdims"):
+        return out
+    return graph.add_op("reshape", [NodeRef(out)], {"shape": graph.spec(n).shape}, where, dev)
+
+
 RULES = [
     ("x*1", _identity_binary("mul", 1, 1)),
     ("1*x", _identity_binary("mul", 1, 0)),
@@ -221,6 +256,7 @@ RULES = [
     ("copy", _no_op("copy")),
     ("broadcast to same shape", _broadcast_noop),
     ("sum of disjoint slice_scatters", _scatter_sum),
+    ("pick of elementwise", _pick_of_elementwise),
 ]
 
 
