@@ -58,9 +58,12 @@ RANDOM_OPS = frozenset(("random_uniform", "random_normal", "random_randint"))
 # batch 64 on a 2-vCPU Xeon: 64x512 @ 512x256 112 -> 66 us, 64x256 @ 256x128 41 -> 19 us).
 # A transposed operand (Dense's x @ W.T is a view of W) is read as its base with the
 # product's transpose flag, never copied. Only up to MATMUL_MAX_MACS: the MLP training step
-# at batch 256 (784 -> 256: 51M multiply-adds a product) ran its products at ~680 us in the
-# step against ~300 alone (the pool's threads beside the engine's on 2 vCPUs), the step
-# 1.7 -> 2.2 ms; LeNet's (<= 12M) and the MLP's at batch 64 (8M) gain in steps and loops.
+# at batch 256 (784 -> 256: 51M multiply-adds a product) ran its products at ~620 us in the
+# step against ~310 alone, the step 1.8 -> 2.4 ms: NumPy's OpenBLAS, called by the step's
+# other products (256 x 256 @ 256 x 10: fewer columns than the loops take), leaves its
+# thread spinning on the second core, so the pool's helper never ran (with OpenBLAS at one
+# thread they ran at ~350-440 us, the step no faster). LeNet's (<= 12M) and the MLP's at
+# batch 64 (8M) gain in steps and loops.
 MATMUL_COMPILED = "matmul"
 MATMUL_MAX_MACS = 1 << 24
 # the ops compiled on a GPU (the random draws: see the module's docstring)
