@@ -38,6 +38,10 @@ SYNC_SHIFT = 0.5  # sync points per iteration: a change this large re-runs the t
 # caller then runs at ~212 us and the engine at ~290 (2-vCPU Xeon): a tie there was a coin
 # toss that, lost, cost 35%. A loop over two devices still overlaps on the engine (~2x).
 EAGER_ENGINE_MARGIN = 0.85  # the engine's best window must be this fraction of the caller's
+# ... and run again only after this many long calls: a trial's windows ran that loop at
+# 250-700 us an iteration (both paths), a window's drain and the switches between paths
+# included; after RETRY long calls every other block of 1000 iterations was 35-60% slower
+EAGER_RETRY = 16 * RETRY
 
 
 class DispatchTrial:
@@ -47,9 +51,10 @@ class DispatchTrial:
     (False: it was not within timeout seconds) and ``syncs()`` counts the front end's sync
     points so far (drain's own not included)."""
 
-    def __init__(self, engine_margin: float = 1.0):
+    def __init__(self, engine_margin: float = 1.0, retry: int = RETRY):
         self.engine_margin = engine_margin  # the engine is kept when its best window is
-        self._restart()                     # below this fraction of the caller's
+        self.retry = retry                  # below this fraction of the caller's
+        self._restart()
 
     def _restart(self):
         self.calls = 0  # long calls of the trial so far, or since the decision
@@ -81,7 +86,7 @@ class DispatchTrial:
         self.since_anchor = 0 if key == self.anchor else self.since_anchor + 1
         if self.choice is not None:
             self.calls += 1
-            if self.calls < RETRY and self.since_anchor < ANCHOR_GAP and not (
+            if self.calls < self.retry and self.since_anchor < ANCHOR_GAP and not (
                     key == self.anchor and self._loop_changed(syncs)):
                 return self.choice
             self._restart()

@@ -22,7 +22,7 @@ from runtime.executable import PartitionedExecutable
 from runtime.memory import Buffer
 
 from ._where import user_frame
-from .call_mode import EAGER_ENGINE_MARGIN, DispatchTrial
+from .call_mode import EAGER_ENGINE_MARGIN, EAGER_RETRY, DispatchTrial
 from .ndarray import NDArray, rebind_token
 from .nn.parameter import data_epoch
 
@@ -141,7 +141,8 @@ def long_call_direct(key, device, engine, eager: bool = False) -> bool:
     where = (device, "eager") if eager else device
     trial = _trials.get(where)
     if trial is None:
-        trial = _trials[where] = DispatchTrial(EAGER_ENGINE_MARGIN if eager else 1.0)
+        trial = _trials[where] = DispatchTrial(EAGER_ENGINE_MARGIN, EAGER_RETRY) if eager \
+            else DispatchTrial()
     return trial.direct(key, perf_counter, engine.wait_idle, engine.count_sync_points)
 
 

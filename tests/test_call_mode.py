@@ -13,8 +13,8 @@ class Loop:
     """A loop whose iterations make long calls ("fwd", "bwd"): in the caller an iteration
     takes `caller_us`; on the engine `engine_us` once its work is drained."""
 
-    def __init__(self, caller_us, engine_us, margin=1.0):
-        self.trial, self.now = DispatchTrial(margin), 0.0
+    def __init__(self, caller_us, engine_us, margin=1.0, retry=RETRY):
+        self.trial, self.now = DispatchTrial(margin, retry), 0.0
         self.caller, self.engine = caller_us * 1e-6, engine_us * 1e-6
         self.backlog, self.drains, self.paths = 0.0, 0, []
         self.syncs, self.sync_every = 0, 0  # the loop's own sync points, every n iterations
@@ -86,6 +86,17 @@ def test_the_trial_is_repeated_after_retry_long_calls():
     assert loop.trial.choice is True
     loop.caller = 2e-3  # the loop around the calls changed: the caller is slower now
     loop.run(RETRY // 2 + trial_iterations() + 1)
+    assert loop.trial.choice is False
+
+
+def test_an_eager_trial_is_repeated_after_its_own_longer_retry():
+    loop = Loop(caller_us=1000, engine_us=1300, margin=call_mode.EAGER_ENGINE_MARGIN,
+                retry=call_mode.EAGER_RETRY).run(trial_iterations())
+    assert loop.trial.choice is True
+    loop.caller = 2e-3  # the engine is now 35% faster: worth a trial, but not yet
+    loop.run(RETRY // 2 + trial_iterations() + 1)
+    assert loop.trial.choice is True
+    loop.run(call_mode.EAGER_RETRY // 2 + trial_iterations() + 1)
     assert loop.trial.choice is False
 
 
