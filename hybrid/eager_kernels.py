@@ -54,18 +54,17 @@ LARGE_OPS = frozenset(("sigmoid", "tanh", "exp", "log", "erf"))
 # log1p and cos per element are most of what is left); a (2, 3) draw ~40 -> ~25 us
 RANDOM_OPS = frozenset(("random_uniform", "random_normal", "random_randint"))
 # float32 products at the sizes the generated GEMM loops take (extern_plan.matmul_plan: not a
-# batch-1 GEMV, not a thin or huge product): they beat OpenBLAS there (the book's MLP at
-# batch 64 on a 2-vCPU Xeon: 64x512 @ 512x256 112 -> 66 us, 64x256 @ 256x128 41 -> 19 us).
+# batch-1 GEMV, not a huge product; and a classifier's x @ W.T with fewer columns than a
+# vector's lanes, one GEMV per row): they beat OpenBLAS there (the book's MLP at batch 64
+# on a 2-vCPU Xeon: 64x512 @ 512x256 112 -> 66 us, 64x256 @ 256x128 41 -> 19 us).
 # A transposed operand (Dense's x @ W.T is a view of W) is read as its base with the
-# product's transpose flag, never copied. Only up to MATMUL_MAX_MACS: the MLP training step
-# at batch 256 (784 -> 256: 51M multiply-adds a product) ran its products at ~620 us in the
-# step against ~310 alone, the step 1.8 -> 2.4 ms: NumPy's OpenBLAS, called by the step's
-# other products (256 x 256 @ 256 x 10: fewer columns than the loops take), leaves its
-# thread spinning on the second core, so the pool's helper never ran (with OpenBLAS at one
-# thread they ran at ~350-440 us, the step no faster). LeNet's (<= 12M) and the MLP's at
-# batch 64 (8M) gain in steps and loops.
+# product's transpose flag, never copied. The thin products matter beyond their own time:
+# while they ran on NumPy's OpenBLAS, its thread kept spinning on the second core after
+# each, and the MLP training step's 51M-multiply-add products, compiled, ran single-threaded
+# (620 vs 310 us alone): with every product of the step compiled it runs at 1.61-1.68 ms,
+# with the big ones on OpenBLAS 1.78-1.89.
 MATMUL_COMPILED = "matmul"
-MATMUL_MAX_MACS = 1 << 24
+MATMUL_MIN_MACS = 1 << 16  # below, NumPy's call costs less than an executable's (~1.5 us)
 # the ops compiled on a GPU (the random draws: see the module's docstring)
 GPU_OPS = RANDOM_OPS
 LARGE_MIN = 1 << 14
@@ -102,7 +101,7 @@ def kernel_for(name, args, attrs, out_specs, fallback, device=None):
 
 
 def _plain_product(args, attrs, out_specs) -> bool:
-    """A 2-D float32 product, not batch 1, of at most MATMUL_MAX_MACS (whether the GEMM loops
+    """A 2-D float32 product, not batch 1, of MATMUL_MIN_MACS or more (whether the GEMM loops
     take it is asked when it compiles: the plan reads the host's vector width, which loads
     LLVM, and a first call never waits for that)."""
     if attrs.get("transpose_a") or attrs.get("transpose_b") or len(args) != 2:
@@ -112,12 +111,17 @@ def _plain_product(args, attrs, out_specs) -> bool:
             {getattr(a, "_dtype", None) for a in args} | {out_specs[0].dtype} != {"float32"}:
         return False
     (m, k), n = shapes[0], shapes[1][1]
-    return m > 1 and m * k * n <= MATMUL_MAX_MACS
+    return m > 1 and m * k * n >= MATMUL_MIN_MACS
 
 
-def _gemm_loops_take(shapes) -> bool:
+def _gemm_loops_take(shapes, layout) -> bool:
+    """The register-tiled GEMM takes it, or, with fewer columns than a vector's lanes, a
+    product x @ W.T runs as one GEMV per row (a classifier's 10 classes)."""
     from compiler.codegen.extern_plan import matmul_plan  # noqa: PLC0415 - compiler: lazily
-    return matmul_plan(shapes, ["float32"] * 2, "float32", {}) is not None
+    from compiler.codegen.llvm.gemv import thin_applies  # noqa: PLC0415
+    (m, k), n = shapes[0], shapes[1][1]
+    return matmul_plan(shapes, ["float32"] * 2, "float32", {}) is not None or \
+        thin_applies("float32", m, n, k, *layout)
 
 
 def _compiled_by_size(name, out_specs) -> bool:
@@ -191,7 +195,7 @@ class CompiledKernel:
                         exe = self.layouts.get(layout)
                         if exe is None:
                             exe = self.layouts[layout] = _gemm_loops_take(
-                                [s for s, _ in self.operands]) and self._compile(
+                                [s for s, _ in self.operands], layout) and self._compile(
                                 [(tuple(b.shape), self.operands[i][1])
                                  for i, b in enumerate(bases)], self.attrs, layout)
         if not exe:

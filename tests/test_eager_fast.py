@@ -311,6 +311,14 @@ def test_products_run_the_generated_gemm_in_their_operands_layout(layout):
     # Dense's x @ W.T (a view of W) and a weight gradient's g.T @ x: each layout has its own
     # executable reading the views' bases, never a copy; results as NumPy's, to rounding
     m, k, n = 48, 96, 64
+    _compiled_product(m, k, n, layout)
+
+
+def test_a_classifiers_thin_product_runs_compiled_too():
+    _compiled_product(96, 128, 10, (False, True))  # x @ W.T, 10 classes: one GEMV per row
+
+
+def _compiled_product(m, k, n, layout):
     a = _rnd((k, m) if layout[0] else (m, k), 11)
     b = _rnd((n, k) if layout[1] else (k, n), 12)
     want = (a.T if layout[0] else a) @ (b.T if layout[1] else b)
@@ -328,7 +336,7 @@ def test_products_the_generated_gemm_does_not_take_stay_numpy():
     rng = np.random.default_rng(13)
     cases = [((1, 512), (512, 256)),  # batch 1: NumPy's GEMV
              ((64, 128), (128, 2)),  # fewer columns than a vector's lanes
-             ((512, 1024), (1024, 64))]  # above MATMUL_MAX_MACS
+             ((512, 1024), (1024, 64))]  # A of 2 MB: OpenBLAS (extern_plan.SGEMM_MAX_A_BYTES)
     for sa, sb in cases:
         a, b = (rng.standard_normal(s).astype(np.float32) for s in (sa, sb))
         x, w = hb.array(a), hb.array(b)
