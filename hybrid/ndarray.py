@@ -476,6 +476,10 @@ def _run_many(kernel, xp, bufs, attrs, out_bufs):
 
 
 def _eager(name, args, attrs):
+    if name == "transpose" and not _local.recording:  # Dense's W.T at every eager call
+        view = _matrix_transpose(args[0], attrs)
+        if view is not None:
+            return view
     device = None
     key = [name]
     vals = []  # the operands' data: an op whose inputs are all computed may run right here
@@ -601,6 +605,18 @@ def _eager(name, args, attrs):
     if _local.recording:
         _record(name, args, attrs, [out] if out is not None else list(outs))
     return out if out is not None else outs
+
+
+def _matrix_transpose(a, attrs):
+    """The transpose of a computed 2-D CPU array, not recorded: NumPy's view, without type
+    inference (the rule has nothing to check: any 2-D array transposes; ~1.3 of ~2.1 us per
+    call). None for any other case, which the general path takes."""
+    data = a._buf.data if isinstance(a, NDArray) else None
+    if data is None or data.ndim != 2 or a.device.kind != "cpu" or \
+            attrs.get("axes") not in (None, (1, 0)) or len(attrs) > 1:
+        return None
+    view = data.T
+    return NDArray(Buffer(view), view.shape, a._dtype, a.device)
 
 
 def _made_here(name, args, attrs, specs, res, device):

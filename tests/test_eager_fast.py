@@ -36,6 +36,24 @@ def test_small_op_runs_in_the_caller_with_numpy_result():
     assert z.dtype == np.float32
 
 
+def test_a_matrix_transpose_is_numpys_view_and_still_recorded_and_checked():
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    w = hb.array(a)
+    hb.waitall()
+    before, entries = _pushes(), len(hb.ndarray._INFER_MAP)
+    t = w.T
+    assert _pushes() == before and len(hb.ndarray._INFER_MAP) == entries  # no inference
+    assert np.shares_memory(t._buf.data, w._buf.data) and t.shape == (3, 2)
+    np.testing.assert_array_equal((t @ hb.ones((2, 1))).asnumpy(), a.T @ np.ones((2, 1)))
+    w.attach_grad()
+    with autograd.record():  # recorded: the general path, with its gradient
+        y = (hb.npx.fully_connected(hb.ones((4, 3)), w, None, no_bias=True) * 2).sum()
+    y.backward()
+    np.testing.assert_array_equal(w.grad.asnumpy(), np.full((2, 3), 8, np.float32))
+    with pytest.raises(Exception, match="transpose"):
+        hb.ndarray.apply("transpose", (w,), {"axes": (0, 0)})  # still type-checked
+
+
 def test_multi_output_and_recorded_ops_on_the_caller_path():
     a = np.arange(6, dtype=np.float32).reshape(2, 3)
     x = hb.array(a)
