@@ -508,3 +508,27 @@ def test_pick_of_an_operand_broadcast_along_another_axis_is_left_alone():
     g.outputs = [op(g, "pick", op(g, "mul", x, row), i, axis=1)]
     out, rep = simplify(g)
     assert "pick of elementwise" not in rep["hits"]
+
+
+def test_work_counts_multiply_adds_of_products_and_convolutions():
+    """graph_work (compiler/passes/work.py): a shape bucket's padded work against the real
+    size's. A convolution's rule once multiplied by its weight Spec's dtype name (a Spec is
+    a tuple): found by the program fuzzer on a scan beside a convolution."""
+    from compiler.ops.core import op_work
+    from compiler.passes.work import graph_work
+    g = Graph("t")
+    x = g.add_input(Spec((2, 3, 7, 7), "float32"), "x")
+    w = g.add_input(Spec((6, 3, 3, 3), "float32"), "w")
+    m = g.add_input(Spec((4, 5), "float32"), "m")
+    k = g.add_input(Spec((5, 8), "float32"), "k")
+    c = op(g, "conv2d", x, w, stride=(1, 1), pad=(0, 0))
+    p = op(g, "matmul", m, k)
+    g.outputs = [op(g, "tanh", c), p]
+    taps = 2 * 6 * 5 * 5 * 3 * 3 * 3
+    assert op_work("conv2d", g.spec(c), [g.spec(x), g.spec(w)], {}) == taps
+    assert op_work("conv2d_grad_weight", g.spec(w), [g.spec(x), g.spec(c)],
+                   {"weight_shape": (6, 3, 3, 3)}) == taps
+    assert op_work("conv2d_grad_data", g.spec(x), [g.spec(c), g.spec(w)],
+                   {"data_shape": (2, 3, 7, 7)}) == taps
+    rows, other, inside = graph_work(g, frozenset([c]))
+    assert (rows, other, inside) == (taps, 4 * 8 * 5 + 2 * 6 * 5 * 5, 0)

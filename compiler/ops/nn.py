@@ -115,7 +115,8 @@ def _conv_grad(F, i, out, g, stride=1, pad=0, dilation=1, groups=1, *, needs=(Tr
 def _conv_work(g, w):
     """Multiply-adds of a convolution, its data gradient or its weight gradient: every
     output position (g's elements) times a filter's C/groups x KH x KW taps."""
-    return g.size * (math.prod(w[1:]) if isinstance(w, tuple) else w.size // w.shape[0])
+    shape = tuple(w.shape) if isinstance(w, Spec) else tuple(w)  # (a Spec is a tuple too)
+    return g.size * math.prod(shape[1:])
 
 
 register("conv2d", "extern", infer=_conv_infer, impl=_conv_impl, grad=_conv_grad,
