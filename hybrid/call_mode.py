@@ -35,7 +35,7 @@ PATIENCE = 0.25  # seconds per iteration: longer is the loop pausing, not comput
 SYNC_SHIFT = 0.5  # sync points per iteration: a change this large re-runs the trial
 # Eager ops' trials keep the engine only where it is clearly faster: their windows measured
 # both paths alike (~278 us an iteration) at the book's MLP at batch 64, eager, where the
-# caller then runs at ~212 us and the engine at ~290 (2-vCPU Xeon): a tie there was a coin
+# caller then runs at ~165-212 us and the engine at ~290 (2-vCPU Xeon): a tie there was a coin
 # toss that, lost, cost 35%. A loop over two devices still overlaps on the engine (~2x).
 EAGER_ENGINE_MARGIN = 0.85  # the engine's best window must be this fraction of the caller's
 # ... and run again only after this many long calls: a trial's windows ran that loop at

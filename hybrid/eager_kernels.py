@@ -86,7 +86,7 @@ def kernel_for(name, args, attrs, out_specs, fallback, device=None):
         if name not in GPU_OPS:
             return fallback
     elif name == MATMUL_COMPILED:
-        if not _plain_product(args, attrs, out_specs):
+        if not _plain_product(args, out_specs):
             return fallback
     elif name not in COMPILED_OPS and not _compiled_by_size(name, out_specs):
         return fallback
@@ -100,12 +100,10 @@ def kernel_for(name, args, attrs, out_specs, fallback, device=None):
                           device if on_gpu else None)
 
 
-def _plain_product(args, attrs, out_specs) -> bool:
+def _plain_product(args, out_specs) -> bool:
     """A 2-D float32 product, not batch 1, of MATMUL_MIN_MACS or more (whether the GEMM loops
     take it is asked when it compiles: the plan reads the host's vector width, which loads
     LLVM, and a first call never waits for that)."""
-    if attrs.get("transpose_a") or attrs.get("transpose_b") or len(args) != 2:
-        return False
     shapes = [tuple(getattr(a, "shape", ())) for a in args]
     if any(len(s) != 2 for s in shapes) or \
             {getattr(a, "_dtype", None) for a in args} | {out_specs[0].dtype} != {"float32"}:
