@@ -63,10 +63,11 @@ def _log():
     return config.logger("compile")
 
 
-def compile(graph, backend: str = "reference", device=None):
-    """``compiler.pipeline.compile(graph, backend, device)``, from the disk cache when this
-    graph was compiled before (by any process) on this host with these sources."""
-    key = _key(graph, backend, device)
+def compile(graph, backend: str = "reference", device=None, rows=None):
+    """``compiler.pipeline.compile(graph, backend, device, rows=rows)``, from the disk cache
+    when this graph was compiled before (by any process) on this host with these sources
+    (a shape bucket's row-bounded program, ``rows``, is not cached)."""
+    key = None if rows else _key(graph, backend, device)
     if key is not None:
         exe = _lookup(graph, key, device)
         if exe is not None:
@@ -75,7 +76,7 @@ def compile(graph, backend: str = "reference", device=None):
     if backend == "llvm":
         native.prepare()  # llvmlite's import overlaps the passes (a miss only: a hit needs none)
     from .pipeline import compile as compile_graph  # noqa: PLC0415 - a miss only
-    exe = compile_graph(graph, backend, device)
+    exe = compile_graph(graph, backend, device, rows=rows)
     if key is not None:
         _store(key, exe)
     return exe

@@ -66,9 +66,12 @@ def run_passes(graph: Graph, passes=None):
     return graph, reports
 
 
-def compile(graph: Graph, backend: str = "reference", device=None, passes=None):
+def compile(graph: Graph, backend: str = "reference", device=None, passes=None, rows=None):
     """An Executable, or a PartitionedExecutable when the graph's ops span several devices
-    (one compiled part per device and stage: see passes/partition.py)."""
+    (one compiled part per device and stage: see passes/partition.py). ``rows``: a shape
+    bucket's padded inputs, ``{"count": input index of the real row count, "batched": input
+    indices padded along axis 0, "units": the bucket's rows}``: a one-part native program
+    then computes the real rows only where every kernel can (passes/row_bounds.py)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if has_control(graph):
@@ -104,7 +107,7 @@ def compile(graph: Graph, backend: str = "reference", device=None, passes=None):
                          [optimized.spec(o) for o in optimized.outputs], device)
     else:
         from .codegen import backend_compile  # noqa: PLC0415 - optional heavy import
-        exe = backend_compile(optimized, backend, device, in_specs, param_specs)
+        exe = backend_compile(optimized, backend, device, in_specs, param_specs, rows)
     if checks:  # out-of-range indices raise after the call; callers see their outputs only
         exe.run = checked_run(exe.run, checks, n_outputs)
         exe.out_specs = exe.out_specs[:n_outputs]

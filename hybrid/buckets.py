@@ -42,7 +42,7 @@ from __future__ import annotations
 import bisect
 import json
 
-from compiler.ops import Spec
+from compiler.ops import REGISTRY, Spec
 from compiler.passes.batch_axis import UNIFORM, batch_axes
 from compiler.passes.work import graph_work
 from runtime import config
@@ -53,6 +53,14 @@ from .random import restore_stream, stream_state
 _log = config.logger("recompiles")
 
 LADDER = tuple(1 << k for k in range(13))  # 1, 2, 4, ... 4096: a few graphs, <= 2x the rows
+
+
+# a family whose inference programs take row bounds costs the real rows whatever its bucket:
+# one bucket of at least this many rows serves every smaller size (_rows_bucket)
+BOUNDED_ROWS = 64
+# library kernels that row_bounds.py does not bound (a bucket of them pads the ladder's way)
+_UNBOUNDED_OPS = ("conv2d", "conv2d_grad_data", "conv2d_grad_weight", "pool2d",
+                  "pool2d_grad", "take", "take_grad", "pick", "argmax", "argmin")
 
 
 # a size family whose padded axis a foreach scans (an RNN's time steps): the loop runs the
@@ -76,6 +84,46 @@ def _scan_bucket(first, axes, size: int, first_size: int) -> int:
     exact = (rows_per + inside_per) * size + other
     extra = rows_per * (SCAN_BUCKET - size)
     return SCAN_BUCKET if extra <= max(exact, PAD_WORK_FREE) else 0
+
+
+def _rows_bucket(cf, first, family, size: int, padded: int, largest: int) -> int:
+    """The bucket of ``size`` in a predict-mode family whose inference programs may take row
+    bounds (compiler/passes/row_bounds.py): the smallest bucket already compiled with them that
+    holds it; else, where this family's programs are expected to take them, one of at
+    least BOUNDED_ROWS rows (it costs the real rows only, so it serves every smaller size);
+    the ladder's ``padded`` where a compiled bucket showed they do not."""
+    if family[1]:  # train mode: a recorded call's gradients run every padded row
+        return padded
+    mine = [(p, _bounded(e)) for (fam, p), (e, _) in cf.buckets.items() if fam == family]
+    fits = [p for p, bounded in mine if bounded and p >= size]
+    if fits:
+        return min(fits)
+    if any(bounded is False for _, bounded in mine) or not _boundable(first):
+        return padded
+    return max(padded, min(BOUNDED_ROWS, largest))
+
+
+def _bounded(entry):
+    """Whether ``entry``'s inference executable computes the real rows only (None: not
+    compiled yet)."""
+    exe = entry.compiled_exe
+    return None if exe is None else bool(exe.report.get("row_bounds"))
+
+
+def _boundable(first) -> bool:
+    """Whether a bucket of ``first``'s graph is expected to take row bounds: a CPU graph for
+    the LLVM backend of the kernels row_bounds.py bounds (loops, 2-D products)."""
+    if first.backend != "llvm" or not str(first.device or "cpu").startswith("cpu"):
+        return False
+    g = first.graph
+    for n in g.op_nodes():
+        op = g.op(n)
+        if op == "matmul":
+            if any(g.spec(a).ndim != 2 for a in g.arg_ids(n)):
+                return False
+        elif op in _UNBOUNDED_OPS or REGISTRY[op].kind == "control":
+            return False
+    return True
 
 
 def _first_axes(first, family):
@@ -269,12 +317,15 @@ def lookup(cf, sig, leaves, tree, args, kwargs):
             return None
         if axes.ok and axes.scans:  # a scan stops after the real steps: pad more where cheap
             padded = max(padded, _scan_bucket(first, axes, size, _size_of(first, family)))
+        elif axes.ok and family[-1] == 0:  # rows bounded: one bucket for the small sizes
+            padded = _rows_bucket(cf, first, family, size, padded, largest)
     key = (family, padded)
     got = cf.buckets.get(key)
     if got is None and padded == _size_of(first, family) and axes.ok and not axes.scans \
             and not _refuse(first, first):
         # the first size is this bucket's size: its graph is the bucket (nothing compiles)
         first.out_axes, first.counted = axes.outputs[:first.n_user_out], False
+        first.scanned = False
         got = cf.buckets[key] = first, _Ref(first.graph.copy(), first.out_tree,
                                              first.n_user_out)
     if got is None:
@@ -298,7 +349,7 @@ def lookup(cf, sig, leaves, tree, args, kwargs):
             cf.entries[sig] = own
             return own
     b = Bucketed(entry, size, padded, family[2], family[-1], entry.out_axes, entry.counted)
-    if b.pieces > 1 and (b.counted or any(ax is None for ax in b.out_axes)):
+    if b.pieces > 1 and (entry.scanned or any(ax is None for ax in b.out_axes)):
         return None  # (the first size's trace said pieces apply; its bucket's disagrees)
     _log.info("%s: size %d runs the bucket of size %d%s", cf.name, size, padded,
               f" in {b.pieces} pieces" if b.pieces > 1 else "")
@@ -329,9 +380,16 @@ def _build_bucket(cf, sig, family, padded, first, leaves, tree, args, kwargs):
             why.append(f"padding would change its results: {axes.reason}")
             return None
         refs.append(_Ref(g.copy(), entry.out_tree, entry.n_user_out))
-        entry.out_axes, entry.counted = axes.outputs[:entry.n_user_out], bool(axes.scans)
+        entry.out_axes, entry.scanned = axes.outputs[:entry.n_user_out], bool(axes.scans)
+        entry.counted = bool(axes.scans) or axis == 0  # the graph reads the real size
+        if entry.counted:
+            valid = g.add_input(Spec((), "int64"), "valid_rows",
+                                g.node(g.inputs[0])["device"])
         if axes.scans:
-            _count_scans(g, axes.scans)
+            _count_scans(g, axes.scans, valid)
+        elif entry.counted:  # its inference program may compute the real rows only
+            entry.rows = {"count": len(g.inputs) - 1, "units": padded, "batched": [
+                i for i, b in enumerate(family[2]) if b]}
         return entry
     stream = stream_state()
     entry = cf._build(psig, pleaves, tree, args, kwargs, prepare=prepare)
@@ -370,9 +428,8 @@ def _refuse(entry, ref) -> str:
     return ""
 
 
-def _count_scans(g, scans):
+def _count_scans(g, scans, valid: int):
     """Each foreach scanning over the padded axis stops after the real steps: a counted
-    foreach reading the real size from a new last input."""
-    valid = g.add_input(Spec((), "int64"), "valid_rows", g.node(g.inputs[0])["device"])
+    foreach reading the real size from the graph's input ``valid``."""
     for n in scans:
         g.replace_control_node(n, [valid] + g.arg_ids(n), dict(g.node(n)["attrs"], counted=True))

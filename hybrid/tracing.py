@@ -394,6 +394,9 @@ class Compiled:
     # (leaf, output index, input positions, parameter positions it is computed from)
     input_writes: list = dataclasses.field(default_factory=list)
     first_keys: list = dataclasses.field(default_factory=list)  # the tracing call's keys
+    # a shape bucket's padded inputs (compiler.pipeline.compile's ``rows``): its inference
+    # executable computes the real rows only, where every kernel can (hybrid/buckets.py)
+    rows: dict | None = None
 
     lock: object = dataclasses.field(default_factory=threading.Lock, repr=False)
 
@@ -415,7 +418,8 @@ class Compiled:
                     # a graph compiled before (this host, these sources) loads its stored
                     # executable: no passes, lowering or code generation (exe_cache.py)
                     from compiler.exe_cache import compile as compile_graph  # noqa: PLC0415
-                    exe = compile_graph(self.graph, self.backend, self.device)
+                    exe = compile_graph(self.graph, self.backend, self.device,
+                                        rows=self.rows)
                     _compiles[0] += 1
                     self.direct = self.direct_ok and \
                         not isinstance(exe, PartitionedExecutable)

@@ -46,11 +46,13 @@ def __getattr__(name):
     return getattr(importlib.import_module(f".{_HOME.get(name, 'kernel')}", __name__), name)
 
 
-def backend_compile(graph, backend, device, in_specs, param_specs):
-    """Lower an optimized graph and build its executable for ``backend``."""
+def backend_compile(graph, backend, device, in_specs, param_specs, rows=None):
+    """Lower an optimized graph and build its executable for ``backend`` (``rows``: see
+    compiler.pipeline.compile; the LLVM backend bounds its kernels by them, CUDA computes
+    every padded row)."""
     if backend == "llvm":
         from .llvm.exec import llvm_compile  # noqa: PLC0415
-        return llvm_compile(graph, device, in_specs, param_specs)
+        return llvm_compile(graph, device, in_specs, param_specs, rows)
     if backend == "cuda":
         from .cuda.exec import cuda_compile  # noqa: PLC0415
         return cuda_compile(graph, device, in_specs, param_specs)

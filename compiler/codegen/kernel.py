@@ -262,6 +262,13 @@ class Program:
     slots: tuple
     arena_bytes: int
     steps: tuple
+    # row bounds (compiler/passes/row_bounds.py): the int64 scalar input slot holding the
+    # real number of batch units of a padded call, and per bounded step (step index, what,
+    # per): ("loop", d) runs loop dimension d min(extent, count * per) times, ("m",) / ("k",)
+    # a matmul's rows / contraction; a target may ignore them (every step then computes the
+    # padded rows, which the caller fills with copies of real ones)
+    count_slot: Union[int, None] = None
+    rows: tuple = ()
 
     def io_slots(self) -> tuple:
         """Slot indices of io[0], io[1], ...: inputs, params and outputs in slot order."""
@@ -271,8 +278,19 @@ class Program:
         return tuple(i for i, s in enumerate(self.slots) if s.role == role)
 
     def to_dict(self):
-        return {"ir_version": IR_VERSION, "slots": [s.to_dict() for s in self.slots],
-                "arena_bytes": self.arena_bytes, "steps": [k.to_dict() for k in self.steps]}
+        d = {"ir_version": IR_VERSION, "slots": [s.to_dict() for s in self.slots],
+             "arena_bytes": self.arena_bytes, "steps": [k.to_dict() for k in self.steps]}
+        if self.rows:  # (absent otherwise: unbounded programs keep their keys)
+            d["count_slot"] = self.count_slot
+            d["rows"] = [[i, list(what), per] for i, what, per in self.rows]
+        return d
+
+    def bound_of(self, step: int):
+        """(what, per) of step ``step``'s row bound, None when it has none."""
+        for i, what, per in self.rows:
+            if i == step:
+                return what, per
+        return None
 
     def key(self) -> str:
         """sha256 of the canonical JSON form."""

@@ -56,7 +56,7 @@ from .scalar import I1, I32, I64, PTR, Intrinsics, LLVMScalarBuilder, mem_type, 
 
 assert _LOADED_ALIGN == ALIGN, "loaded.ALIGN must be kernel.ALIGN"
 
-CODEGEN_VERSION = 9
+CODEGEN_VERSION = 10
 VOID = ir.VoidType()
 # A loop kernel of at least this many points splits its outer loop across the device's
 # threads (thread start-up is ~10-30 us; below this the kernel takes about that long).
@@ -121,11 +121,14 @@ class ModuleBuilder:
         for k, step in enumerate(prog.steps):
             fname = f"{self.name}.k{k}.{sanitize(step.name or type(step).__name__)}"
             used = _used_slots(step)
+            bound = prog.bound_of(k)
+            if bound is not None and prog.count_slot not in used:
+                used.append(prog.count_slot)  # the step reads the real row count
             groups = param_groups(prog, used)
             if isinstance(step, LoopKernel):
-                fn = LoopEmitter(self, step, fname, groups).emit()
+                fn = LoopEmitter(self, step, fname, groups, bound=bound).emit()
             else:
-                fn = extern.emit_extern(self, step, fname, groups)
+                fn = extern.emit_extern(self, step, fname, groups, bound=bound)
             fns.append((fn, groups))
             if limit > 0 and k + 1 < len(prog.steps) and \
                     _instructions(self.module) >= limit:
@@ -263,12 +266,15 @@ class _Acc:
 
 class LoopEmitter:
     def __init__(self, mb: ModuleBuilder, kernel: LoopKernel, fname: str, groups,
-                 program: Program | None = None):
+                 program: Program | None = None, bound=None):
         self.mb = mb
         self.program = program or mb.program  # externs lower to loops over derived slots
         self.k = kernel
         self.fname = fname
         self.groups = groups
+        # a row bound (kernel.Program.rows): ("loop", d), per -> loop dimension d runs
+        # min(extent, count * per) times, count read from the program's count slot
+        self.bound = bound
 
     # -- normalization ---------------------------------------------------------
     def _normalize(self):
@@ -300,16 +306,23 @@ class LoopEmitter:
                 accs.append(_Acc(st, 0))
         self.accs = accs
         self.n_loads = len(k.loads)
-        dims = [(n, [a.strides[d] for a in accs]) for d, n in enumerate(shape) if n != 1]
-        merged = []
-        for n, st in dims:
-            if merged and n > 0 and merged[-1][0] > 0 and all(
+        dims = [(n, [a.strides[d] for a in accs], d) for d, n in enumerate(shape) if n != 1]
+        bounded = self.bound[0][1] if self.bound is not None else None
+        merged = []  # (extent, strides, the original dimensions merged, outermost first)
+        for n, st, d in dims:
+            if merged and n > 0 and merged[-1][0] > 0 and d != bounded and all(
                     sp == sc * n for sp, sc in zip(merged[-1][1], st)):
-                merged[-1] = (merged[-1][0] * n, st)
-            else:
-                merged.append((n, st))
-        self.empty = any(n == 0 for n, _ in merged)
-        self.dims = self._order(merged)
+                merged[-1] = (merged[-1][0] * n, st, merged[-1][2] + (d,))
+            else:  # (a bounded dimension leads its group: its bound is a prefix of it)
+                merged.append((n, st, (d,)))
+        self.empty = any(n == 0 for n, _, _ in merged)
+        ordered = self._order(merged)
+        self.bound_level, self.bound_scale = None, 1
+        for level, (n, _, ids) in enumerate(ordered):
+            if bounded in ids:
+                self.bound_level = level
+                self.bound_scale = self.bound[1] * math.prod(shape[d] for d in ids[1:])
+        self.dims = [(n, st) for n, st, _ in ordered]
         for j, a in enumerate(accs):
             a.strides = [st[j] for _, st in self.dims]
             nz = [L for L, s in enumerate(a.strides) if s != 0]
@@ -322,7 +335,7 @@ class LoopEmitter:
         out0 = self.n_loads
 
         def unit_score(d):
-            _, st = dims[d]
+            st = dims[d][1]
             score = 0
             for j in range(self.n_loads):
                 score += abs(st[j]) == 1
@@ -345,7 +358,9 @@ class LoopEmitter:
             body = kernel_function(self.mb, self.fname + ".body", self.groups,
                                    extra=[I64, I64])
             self._emit_body(body, body.args[-2], body.args[-1])
-            emit_parallel_driver(self.mb, fn, body, self.dims[0][0], self._fill_driver)
+            runtime = self._bound_value if self.bound_level == 0 else None
+            emit_parallel_driver(self.mb, fn, body, self.dims[0][0], self._fill_driver,
+                                 runtime=runtime)
             return fn
         self._emit_body(fn, None, None)
         return fn
@@ -363,6 +378,18 @@ class LoopEmitter:
                 return False
         return True
 
+    def _bound_value(self, b, args):
+        """The bounded level's trip count: min(extent, count * scale), count >= 0 read from
+        the count slot's pointer among ``args``."""
+        count_slot = self.program.count_slot
+        ptr = next(a for a, g in zip(args, self.groups) if count_slot in g.slots)
+        count = b.load(ptr, typ=I64, align=8)
+        count = b.select(b.icmp_signed("<", count, ir.Constant(I64, 0)),
+                         ir.Constant(I64, 0), count)
+        extent = ir.Constant(I64, self.dims[self.bound_level][0])
+        n = b.mul(count, ir.Constant(I64, self.bound_scale))
+        return b.select(b.icmp_signed("<", n, extent), n, extent)
+
     def _emit_body(self, fn, lo, hi):
         self.fn = fn
         self.lo, self.hi = lo, hi
@@ -373,6 +400,8 @@ class LoopEmitter:
         entry = fn.append_basic_block("entry")
         self.b = ir.IRBuilder(entry)
         self.sb = LLVMScalarBuilder(self.b, self.mb.intr)
+        self.bound_n = None if self.bound_level is None or self.empty else \
+            self._bound_value(self.b, fn.args)
         if self.empty:
             self._emit_empty()
             self.b.ret_void()
@@ -553,6 +582,8 @@ class LoopEmitter:
             saved_vals = dict(self.values)
             if level == -1 and self.lo is not None:
                 rng = for_range(b, self.hi, start=self.lo)
+            elif level + 1 == self.bound_level:
+                rng = for_range(b, self.bound_n)
             else:
                 rng = for_range(b, self.dims[level + 1][0])
             with rng as i:
@@ -645,16 +676,18 @@ def nthreads_global(mb: ModuleBuilder):
 CHUNKS_PER_THREAD = 4  # pool chunks of a parallel loop: a late thread leaves them to others
 
 
-def emit_parallel_driver(mb: ModuleBuilder, fn, body, extent: int, fill, spawn=True):
+def emit_parallel_driver(mb: ModuleBuilder, fn, body, extent: int, fill, spawn=True,
+                         runtime=None):
     """``fn(ptrs...)``: run ``body(ptrs..., lo, hi)`` over [0, extent) on up to ``nthreads``
     threads: chunks of [0, extent) claimed by the caller and the process-wide pool's threads
     (threadpool.py); when another caller holds the pool, split across POSIX threads started
     here (the caller's thread takes the first chunk; a thread that cannot be started has its
     chunk run by the caller), or with spawn=False run whole by the caller. Either way every
-    point runs once, whatever the thread count."""
+    point runs once, whatever the thread count. ``runtime(b, ptrs) -> i64`` (a row bound):
+    the range is [0, that) instead, at most ``extent``."""
     i32 = ir.IntType(32)
     nptr = len(body.args) - 2
-    pooled = _pool_task(mb, fn, body, extent)
+    pooled = _pool_task(mb, fn, body, extent, runtime)
     ctx_ty = ir.LiteralStructType([PTR] * nptr + [I64, I64])
     tramp = ir.Function(mb.module, ir.FunctionType(PTR, [PTR]), fn.name + ".thread")
     tramp.linkage = "internal"
@@ -677,19 +710,23 @@ def emit_parallel_driver(mb: ModuleBuilder, fn, body, extent: int, fill, spawn=T
     def opaque(p):  # llvmlite types alloca'd pointers; launder them into an opaque ptr
         return b.inttoptr(b.ptrtoint(p, I64), PTR)
     fill(b, fn)
+    n = ir.Constant(I64, extent) if runtime is None else runtime(b, ptrs)
     nt = b.sext(b.load(nthreads_global(mb), typ=i32), I64)
     nt = b.select(b.icmp_signed("<", nt, ir.Constant(I64, 1)), ir.Constant(I64, 1), nt)
     nt = b.select(b.icmp_signed(">", nt, ir.Constant(I64, min(MAX_THREADS, extent))),
                   ir.Constant(I64, min(MAX_THREADS, extent)), nt)
+    if runtime is not None:  # fewer points than threads (none: nothing to run)
+        with b.if_then(b.icmp_signed("<", n, ir.Constant(I64, 1))):
+            b.ret_void()
+        nt = b.select(b.icmp_signed(">", nt, n), n, nt)
     with b.if_then(b.icmp_signed("==", nt, ir.Constant(I64, 1))):
-        b.call(body, ptrs + [ir.Constant(I64, 0), ir.Constant(I64, extent)])
+        b.call(body, ptrs + [ir.Constant(I64, 0), n])
         b.ret_void()
     pooled(b, ptrs, nt)
     if not spawn:
-        b.call(body, ptrs + [ir.Constant(I64, 0), ir.Constant(I64, extent)])
+        b.call(body, ptrs + [ir.Constant(I64, 0), n])
         b.ret_void()
         return
-    n = ir.Constant(I64, extent)
     chunk = b.sdiv(b.add(n, b.sub(nt, ir.Constant(I64, 1))), nt)
 
     def bounds(t):
@@ -730,10 +767,11 @@ def pool_global(mb: ModuleBuilder):
     return mb.module_global(f"{mb.name}.pool", PTR, ir.Constant(PTR, None))
 
 
-def _pool_task(mb: ModuleBuilder, fn, body, extent: int):
+def _pool_task(mb: ModuleBuilder, fn, body, extent: int, runtime=None):
     """The pool path of a parallel driver: ``emit(b, ptrs, nt)`` hands the pool a context
     (the pointers and the chunk count) and ``<fn>.task(ctx, c)``, which runs chunk c of
-    [0, extent); returns from the driver when the pool ran it."""
+    [0, extent) (of [0, runtime(b, ptrs)) for a row bound); returns from the driver when the
+    pool ran it."""
     nptr = len(body.args) - 2
     ctx_ty = ir.LiteralStructType([PTR] * nptr + [I64])
     task = ir.Function(mb.module, ir.FunctionType(VOID, [PTR, I64]), fn.name + ".task")
@@ -743,7 +781,8 @@ def _pool_task(mb: ModuleBuilder, fn, body, extent: int):
     vals = [tb.load(tb.gep(ctx, [ir.Constant(I32, 0), ir.Constant(I32, k)], inbounds=True,
                            source_etype=ctx_ty), typ=t)
             for k, t in enumerate([PTR] * nptr + [I64])]
-    chunks, n = vals[-1], ir.Constant(I64, extent)
+    chunks = vals[-1]
+    n = ir.Constant(I64, extent) if runtime is None else runtime(tb, vals[:-1])
     lo = tb.sdiv(tb.mul(c, n), chunks)
     hi = tb.sdiv(tb.mul(tb.add(c, ir.Constant(I64, 1)), n), chunks)
     tb.call(body, vals[:-1] + [lo, hi])
@@ -752,6 +791,7 @@ def _pool_task(mb: ModuleBuilder, fn, body, extent: int):
 
     def emit(b, ptrs, nt):
         run = b.load(pool_global(mb), typ=run_ty.as_pointer())
+        n = ir.Constant(I64, extent) if runtime is None else runtime(b, ptrs)
         with b.if_then(b.icmp_unsigned("!=", b.ptrtoint(run, I64), ir.Constant(I64, 0))):
             per = b.mul(nt, ir.Constant(I64, CHUNKS_PER_THREAD))
             chunks = b.select(b.icmp_signed("<", per, n), per, n)

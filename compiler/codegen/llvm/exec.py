@@ -6,6 +6,7 @@ released; the arena is allocated once per executable and reused.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from runtime import config
@@ -18,13 +19,32 @@ from .loaded import NativeRun  # noqa: F401 - defined in loaded.py (a warm start
 _log = config.logger("compile")
 
 
-def llvm_compile(graph, device, in_specs, param_specs) -> Executable:
+def _bounded(program, binding, graph, rows):
+    """``program`` with row bounds (compiler/passes/row_bounds.py) for a shape bucket's
+    padded inputs, or as it is where some kernel cannot take them."""
+    from compiler.passes.row_bounds import row_bounds  # noqa: PLC0415
+    slot_of = {entry[1]: s for s, entry in zip(program.io_slots(), binding.io)
+               if entry[0] == "input"}
+    units = rows["units"]
+    if rows["count"] not in slot_of or any(i not in slot_of for i in rows["batched"]):
+        return program  # (an input the program never reads: nothing to bound it by)
+    batched = {slot_of[i]: graph.spec(graph.inputs[i]).size // units for i in rows["batched"]}
+    bounds = row_bounds(program, batched, units)
+    _log.info("%s: %s", graph.name, f"{len(bounds)} kernel(s) bounded by the real rows"
+              if bounds else "no row bounds (a kernel cannot take them)")
+    return dataclasses.replace(program, count_slot=slot_of[rows["count"]], rows=bounds) \
+        if bounds else program
+
+
+def llvm_compile(graph, device, in_specs, param_specs, rows=None) -> Executable:
     if str(device).startswith("gpu"):  # native CPU code cannot read a GPU's memory
         raise ValueError(f"backend='llvm' compiles for CPUs, but this graph runs on {device}; "
                          "hybridize with backend='cuda' (the default on a GPU), or put its "
                          "inputs and parameters on hb.cpu()")
     t0 = time.perf_counter()
     program, binding = lower(graph)
+    if rows:
+        program = _bounded(program, binding, graph, rows)
     t1 = time.perf_counter()
     # symbols live in one process-wide JIT: the name must be unique per program
     compiled = compile_program(program, f"{graph.name or 'hybrid'}_{program.key()[:16]}")
@@ -33,6 +53,7 @@ def llvm_compile(graph, device, in_specs, param_specs) -> Executable:
               len(program.steps), (t1 - t0) * 1e3, (t2 - t1) * 1e3)
     run = NativeRun(compiled, binding)
     report = {"kernels": len(program.steps), "arena_bytes": program.arena_bytes,
+              "row_bounds": len(program.rows),
               "lower_seconds": t1 - t0, "codegen_seconds": t2 - t1, "program": program}
     return Executable(run, "llvm", in_specs, param_specs,
                       [graph.spec(o) for o in graph.outputs], device, report)

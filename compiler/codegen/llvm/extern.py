@@ -38,9 +38,11 @@ def extern_key() -> list:
             p.SGEMM_MAX_K, p.SGEMM_MAX_A_BYTES, p.SGEMM_MIN_WORK]
 
 
-def emit_extern(mb, step: ExternKernel, fname: str, groups) -> ir.Function:
+def emit_extern(mb, step: ExternKernel, fname: str, groups, bound=None) -> ir.Function:
     fn = kernel_function(mb, fname, groups)
-    eb = EB(mb, fn, mb.program, groups)
+    eb = EB(mb, fn, mb.program, groups, bound)
+    if bound is not None and step.op != "matmul":
+        raise KernelIRError(f"the LLVM backend bounds no {step.op!r} kernel by rows")
     emit = _EMITTERS.get(step.op)
     if emit is None:
         raise KernelIRError(f"the LLVM backend has no extern kernel for {step.op!r}")

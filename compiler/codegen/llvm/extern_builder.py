@@ -20,11 +20,12 @@ TINY_TRIP = 16
 class EB:
     """Emission helpers for one extern kernel function."""
 
-    def __init__(self, mb, fn, program, groups):
+    def __init__(self, mb, fn, program, groups, bound=None):
         self.mb = mb
         self.fn = fn
         self.program = program
         self.groups = groups
+        self.bound = bound  # the step's row bound (kernel.Program.rows): (what, per)
         self.b = ir.IRBuilder(fn.append_basic_block("entry"))
         self.sb = LLVMScalarBuilder(self.b, mb.intr)
         self.base = {}
@@ -124,6 +125,12 @@ class EB:
                      self.add(soff, self.mul(i, src_strides[d])))
         nest(0, self.c(0), self.c(0))
 
+    def bounded(self, extent: int):
+        """The step's row bound as a trip count: min(extent, count * per), count (>= 0) read
+        from the program's count slot."""
+        count = self.b.load(self.base[self.program.count_slot], typ=I64, align=8)
+        return self.smin(self.mul(self.smax(count, 0), self.bound[1]), extent)
+
     def clamp(self, v, lo, hi):
         b = self.b
         v = b.select(b.icmp_signed("<", v, self.i64(lo)), self.i64(lo), v)
@@ -154,7 +161,7 @@ def run_workers(eb: EB, workers: int, emit, spawn=True):
     name = f"{eb.fn.name}.par{eb.parts}"
     driver = kernel_function(eb.mb, name, eb.groups)
     body = kernel_function(eb.mb, name + ".work", eb.groups, extra=[I64, I64])
-    e = EB(eb.mb, body, eb.program, eb.groups)
+    e = EB(eb.mb, body, eb.program, eb.groups, eb.bound)
     with for_range(e.b, body.args[-1], start=body.args[-2]) as w:
         emit(e, w)
     e.b.ret_void()
@@ -162,8 +169,9 @@ def run_workers(eb: EB, workers: int, emit, spawn=True):
     eb.b.call(driver, list(eb.fn.args[:len(eb.groups)]))
 
 
-def worker_range(eb: EB, w, n: int, workers: int):
-    """[lo, hi): worker w's part of n items (sizes differ by at most one)."""
+def worker_range(eb: EB, w, n, workers: int):
+    """[lo, hi): worker w's part of n items, an int or an i64 value (sizes differ by at
+    most one)."""
     lo = eb.b.sdiv(eb.mul(w, n), eb.c(workers))
     hi = eb.b.sdiv(eb.mul(eb.add(w, 1), n), eb.c(workers))
     return lo, hi

@@ -17,7 +17,7 @@ from llvmlite import ir
 
 from ..extern_plan import (PACK_HEADER, PARALLEL_MIN_WORK, POOL_MIN_WORK, THIN_MIN_WORK,
                            GEMV_ROWS, gemv_applies, gemv_pack_size, matmul_plan,
-                           sgemm_applies, workers_for)
+                           sgemm_applies, tile_rows, workers_for)
 from ..kernel import contiguous_strides, matmul_operand_shapes
 from .emit import for_range
 from .extern_builder import EB, run_workers, slot_of, worker_range
@@ -153,6 +153,9 @@ def _matmul(eb: EB, step, attrs):
                 nest(e, 1, e.mul(i, sa_st[0]), e.mul(i, sb_st[0]), e.mul(i, sc_st[0]))
         run_workers(eb, workers, batches)
         return
+    if eb.bound is not None:
+        _bounded(eb, step, attrs, C.dtype, A.dtype, B.dtype, ta, tb, m, n, k, lda, ldb, work)
+        return
     if C.dtype in ("float32", "float64") and A.dtype == B.dtype == C.dtype and \
             gemv_applies(m, n, k, ta, tb):
         packed = gemv_pack_size([A.shape, B.shape], [A.dtype, B.dtype], C.dtype, attrs) > 0
@@ -182,6 +185,71 @@ def _matmul(eb: EB, step, attrs):
                  e.slot_ptr(sbb, e.mul(lo, ldb) if tb else lo), ldb, e.slot_ptr(so, lo), n,
                  a_dt=A.dtype, b_dt=B.dtype)
     run_workers(eb, workers, block, spawn=work >= PARALLEL_MIN_WORK)
+
+
+def _bounded(eb: EB, step, attrs, dt, a_dt, b_dt, ta, tb, m, n, k, lda, ldb, work):
+    """A product under a row bound (kernel.Program.rows, compiler/passes/row_bounds.py):
+    ("m",) computes C's rows below the bound (the generated loops' row tiles up to it, or
+    BLAS on that many rows), ("k",) contracts that many rows (BLAS takes a run-time k)."""
+    sa, sbb = step.in_slots
+    so = step.out_slots[0]
+    mr = tile_rows()
+    if eb.bound[0] == ("m",):
+        plan = matmul_plan([slot_of(eb, sa).shape, slot_of(eb, sbb).shape], [a_dt, b_dt], dt,
+                           attrs) if a_dt == b_dt == dt else None
+        if plan is not None:
+            def block(e, w):
+                rows = e.bounded(m)
+                tiles = e.smin(e.b.sdiv(e.add(rows, mr - 1), e.c(mr)), m // mr)
+                last = e.b.icmp_signed(">", rows, e.c(m // mr * mr))
+                pack = e.region(step, plan.lay, w, "pack") if "pack" in plan.lay.at else None
+                part = None
+                if plan.workers > 1 and plan.by == "cols":
+                    lo, hi = worker_range(e, w, plan.units, plan.workers)
+                    part = ("cols", lo, hi)
+                    own = (e.c(0), tiles, last)
+                elif plan.workers > 1:  # row tiles: the real ones split among the workers
+                    lo, hi = worker_range(e, w, tiles, plan.workers)
+                    own = (lo, hi, e.b.and_(last, e.b.icmp_signed(
+                        "==", w, e.c(plan.workers - 1))))
+                else:
+                    own = (e.c(0), tiles, last)
+                emit_sgemm(e, ta, tb, m, n, k, e.slot_ptr(sa), lda, e.slot_ptr(sbb), ldb,
+                           e.slot_ptr(so), n, pack=pack, part=part, row_tiles=own)
+            run_workers(eb, plan.workers, block, spawn=work >= PARALLEL_MIN_WORK)
+            return
+        workers = workers_for(max(m // GEMM_MIN_ROWS, 1), work, min_work=POOL_MIN_WORK)
+
+        def rows_block(e, w):  # BLAS (or GEMV rows) on the worker's share of the real rows
+            lo, hi = worker_range(e, w, e.bounded(m), workers)
+            with e.b.if_then(e.b.icmp_signed("<", lo, hi)):
+                if dt == a_dt == b_dt and thin_applies(dt, m, n, k, ta, tb):
+                    with for_range(e.b, hi, start=lo) as i:
+                        gemv_rows(e, dt, n, k, e.slot_ptr(sa, e.mul(i, lda)), e.slot_ptr(sbb),
+                                  ldb, e.slot_ptr(so, e.mul(i, n)), False)
+                else:
+                    gemm(e, dt, ta, tb, e.b.sub(hi, lo), n, k, e.slot_ptr(sa, e.mul(lo, lda)),
+                         lda, e.slot_ptr(sbb), ldb, e.slot_ptr(so, e.mul(lo, n)), n,
+                         a_dt=a_dt, b_dt=b_dt)
+        run_workers(eb, workers, rows_block, spawn=work >= PARALLEL_MIN_WORK)
+        return
+    # ("k",): C (m x n, free of the batch) = A^T B over the real rows; workers take C's rows
+    # (columns when C is wide), each a BLAS call with the run-time k
+    rows = m >= n
+    workers = workers_for(max(m, n) // GEMM_MIN_ROWS, work, min_work=POOL_MIN_WORK)
+
+    def k_block(e, w):
+        kk = e.bounded(k)
+        lo, hi = worker_range(e, w, m if rows else n, workers)
+        cnt = e.b.sub(hi, lo)
+        if rows:
+            gemm(e, dt, ta, tb, cnt, n, kk, e.slot_ptr(sa, lo if ta else e.mul(lo, lda)), lda,
+                 e.slot_ptr(sbb), ldb, e.slot_ptr(so, e.mul(lo, n)), n, a_dt=a_dt, b_dt=b_dt)
+        else:
+            gemm(e, dt, ta, tb, m, cnt, kk, e.slot_ptr(sa), lda,
+                 e.slot_ptr(sbb, e.mul(lo, ldb) if tb else lo), ldb, e.slot_ptr(so, lo), n,
+                 a_dt=a_dt, b_dt=b_dt)
+    run_workers(eb, workers, k_block, spawn=work >= PARALLEL_MIN_WORK)
 
 
 def _sgemm(eb: EB, step, plan, ta, tb, m, n, k, lda, ldb):

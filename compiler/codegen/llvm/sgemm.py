@@ -246,21 +246,24 @@ class _Kernel:
 
 
 def emit_sgemm(eb, ta, tb, m, n, k, a, lda, bp, ldb, c, ldc, pack=None, strips=None,
-               part=None):
+               part=None, row_tiles=None):
     """C (m x n, row stride ldc) = op(A) @ op(B) for sizes sgemm_applies() takes.
 
     pack: pack_bytes(k) of the worker's scratch for B's panels (required when tb; None:
     B's rows read in place); strips: strip_bytes(m, k) of it for A's strips (ta only; None:
     A read in place). part: one worker's share, as
     ``("cols", lo, hi)`` (panels [lo, hi) of panels(n), i64 values) or ``("rows", lo, hi,
-    last)`` (row tiles [lo, hi) of m // MR, and the tail rows when the i1 `last` holds)."""
+    last)`` (row tiles [lo, hi) of m // MR, and the tail rows when the i1 `last` holds).
+    row_tiles: ``(lo, hi, last)`` as in a rows part, for every panel of a cols part (a row
+    bound: the tiles up to the real rows)."""
     kern = _Kernel(eb, ta, tb, m, n, k, a, lda, bp, ldb, c, ldc, pack, strips)
     if strips is not None:
         kern.pack_strips()
     full, tail_cols = n // kern.nr, n % kern.nr
     by_rows = part is not None and part[0] == "rows"
     plo, phi = (part[1], part[2]) if part is not None and not by_rows else (0, panels(n))
-    row_tiles = part[1:] if by_rows else None
+    if by_rows:
+        row_tiles = part[1:]
     if full:
         hi = eb.smin(phi, full) if isinstance(phi, ir.Value) else min(phi, full)
         with for_range(eb.b, hi, start=plo) as j:
