@@ -46,8 +46,10 @@ from compiler.ops import REGISTRY, Spec
 from compiler.passes.batch_axis import UNIFORM, batch_axes
 from compiler.passes.work import graph_work
 from runtime import config
+from runtime.executable import Executable, PartitionedExecutable
 
-from .ndarray import NDArray, array, broadcast_to, concatenate
+from .ndarray import NDArray, _eager, array, concatenate
+from ._state import is_recording
 from .random import restore_stream, stream_state
 
 _log = config.logger("recompiles")
@@ -196,6 +198,7 @@ class Bucketed:
         self.out_axes = out_axes  # per output: (axis, rows per example) or None
         self.counted = counted  # the graph takes the real size as a last input
         self.pieces = -(-size // padded)  # > 1: rows run in consecutive pieces (_in_pieces)
+        self._fused = None  # (the bucket's inference executable, the call that pads for it)
 
     def __getattr__(self, name):  # report/explain read the bucket entry's fields
         return getattr(self.__dict__["entry"], name)
@@ -207,6 +210,9 @@ class Bucketed:
         copies each gradient once (as slices and concatenates recorded op by op, it did
         several full-size copies and zero-fills: ~3x the loss's own time at 1600 rows)."""
         from .tracing import _run, flatten, unflatten  # noqa: PLC0415 - tracing imports us
+        if self.pieces == 1 and not is_recording() and not isinstance(
+                self.entry.compiled_exe or self.entry.exe, PartitionedExecutable):
+            return self._infer(leaves, name)
         bounds = [(lo, min(lo + self.padded, self.size))
                   for lo in range(0, self.size, self.padded)]
         split = [_split_rows(a, self.axis, bounds, self.padded) if b else None
@@ -215,12 +221,78 @@ class Bucketed:
         for k, (lo, hi) in enumerate(bounds):
             ins = [a if parts is None else parts[k] for a, parts in zip(leaves, split)]
             if self.counted:
-                ins.append(array(hi - lo, dtype="int64", device=leaves[0].device))
+                ins.append(array(_count(self.entry, hi - lo, self.padded), dtype="int64",
+                                 device=leaves[0].device))
             outs, tree = flatten(_run(self.entry, ins, name))
             runs.append(outs)
         outs = [parts[0] if ax is None else _join_rows(list(parts), ax, bounds)
                 for parts, ax in zip(zip(*runs), self.out_axes)]
         return outs[0] if len(outs) == 1 and tree == ("a",) else unflatten(tree, outs)
+
+
+    def _infer(self, leaves, name):
+        """An unrecorded call: ONE compiled call that pads, runs the bucket's executable and
+        slices the real rows, through a Caller as an exact size's call (three engine ops
+        and their Python cost ~70 us more on a small model's call)."""
+        from .dispatch import Caller  # noqa: PLC0415
+        from .tracing import _param_handles, unflatten  # noqa: PLC0415
+        entry = self.entry
+        exe = entry.compiled_exe or entry.exe
+        if self._fused is None or self._fused[0] is not exe:
+            self._fused = exe, Caller(self._padded_call(exe), leaves[0].device)
+        outs = self._fused[1](leaves, _param_handles(entry), name)
+        if entry.out_tree == ("a",):
+            return outs[0]
+        return unflatten(entry.out_tree, outs[:entry.n_user_out])
+
+    def _padded_call(self, exe):
+        """An Executable over the real rows running ``exe`` on the padded ones."""
+        size, padded, axis, counted = self.size, self.padded, self.axis, self.counted
+        batched, out_axes = self.batched, self.out_axes
+        # rows the executable reads: below the count it is given, or all (no row bounds);
+        # those past the real ones are copies of the last, the rest are never read
+        count = _count(self.entry, size, padded)
+        filled = count if exe.report.get("row_bounds") else padded
+
+        def run(xp, inputs, params):
+            ins = [_pad_rows(xp, a, axis, padded, filled) if b else a
+                   for a, b in zip(inputs, batched)]
+            if counted:
+                ins.append(xp.asarray(count, dtype="int64"))
+            res = exe.run(xp, ins, params)
+            return [r if ax is None else r[(slice(None),) * ax[0] + (slice(0, size * ax[1]),)]
+                    for r, ax in zip(res, out_axes)]
+        out_specs = [s if ax is None else Spec(tuple(s.shape[:ax[0]]) + (size * ax[1],) +
+                                               tuple(s.shape[ax[0] + 1:]), s.dtype)
+                     for s, ax in zip(exe.out_specs, out_axes)]
+        in_specs = [s if not b else Spec(tuple(s.shape[:axis]) + (size,) +
+                                         tuple(s.shape[axis + 1:]), s.dtype)
+                    for s, b in zip(exe.in_specs, batched)]
+        return Executable(run, exe.backend, in_specs, exe.param_specs, out_specs, exe.device,
+                          {"bucket": padded})
+
+
+def _pad_rows(xp, a, axis: int, padded: int, filled: int):
+    """``a`` with ``padded`` rows along ``axis``: its own, copies of its last row up to row
+    ``filled``, then rows no one reads."""
+    n = a.shape[axis]
+    if n == padded:
+        return a
+    out = xp.empty(a.shape[:axis] + (padded,) + a.shape[axis + 1:], a.dtype)
+    lead = (slice(None),) * axis
+    out[lead + (slice(0, n),)] = a
+    if filled > n:
+        out[lead + (slice(n, filled),)] = a[lead + (slice(n - 1, n),)]
+    return out
+
+
+def _count(entry, n: int, padded: int) -> int:
+    """The row count a bucket's graph is given for ``n`` real rows: with row bounds, ``n``
+    rounded up to the executable's row granule (a GEMM's row tile then reads only rows the
+    program wrote), at most ``padded``."""
+    exe = entry.compiled_exe
+    g = exe.report.get("row_granule", 1) if exe is not None else 1
+    return min(padded, -(-n // g) * g)
 
 
 def _unrecorded():
@@ -276,24 +348,38 @@ def _join_rows(parts: list, ax, bounds) -> NDArray:
 
 
 def _rows(a: NDArray, axis: int, lo: int, hi: int) -> NDArray:
-    """Rows ``lo:hi`` of ``a`` along ``axis``."""
-    return a[(slice(None),) * axis + (slice(lo, hi),)]
+    """Rows ``lo:hi`` of ``a`` along ``axis``: one slice op (indexing's parsing cost ~4 us
+    more on a bucketed call's path)."""
+    nd = a.ndim
+    begin, end = [None] * nd, [None] * nd
+    begin[axis], end[axis] = lo, hi
+    return _eager("slice", [a], {"begin": tuple(begin), "end": tuple(end),
+                                 "step": (None,) * nd})
+
+
+_PAD_ROWS: dict = {}  # (rows, padded rows, device) -> the gather's row indices
 
 
 def _pad(a: NDArray, extra: int, axis: int = 0) -> NDArray:
-    """``a`` with ``extra`` copies of its last row along ``axis`` appended."""
+    """``a`` with ``extra`` copies of its last row along ``axis`` appended: one gather of
+    rows 0..n-1, n-1, ..., n-1 (a slice, a broadcast and a concatenate cost ~37 us on a
+    small bucketed call, the gather ~8)."""
     if not extra:
         return a
     n = a.shape[axis]
-    last = a[(slice(None),) * axis + (slice(n - 1, n),)]
-    shape = tuple(a.shape[:axis]) + (extra,) + tuple(a.shape[axis + 1:])
-    return concatenate([a, broadcast_to(last, shape)], axis=axis)
+    key = (n, n + extra, a.device)
+    idx = _PAD_ROWS.get(key)
+    if idx is None:
+        if len(_PAD_ROWS) > 256:
+            _PAD_ROWS.clear()
+        idx = _PAD_ROWS[key] = array(list(range(n)) + [n - 1] * extra, dtype="int64",
+                                     device=a.device)
+    return _eager("take", [a, idx], {"axis": axis, "mode": "clip"})
 
 
 def _take_rows(o: NDArray, axis, size):
     ax, per = axis
-    key = (slice(None),) * ax + (slice(0, size * per),)
-    return o[key]
+    return _rows(o, ax, 0, size * per)
 
 
 def lookup(cf, sig, leaves, tree, args, kwargs):
