@@ -41,17 +41,21 @@ def _zeros(xp, shape, dtype):
     return xp.zeros(tuple(shape), dtype=dtype)
 
 
-def _rows(xp, shape, dtype, written: int):
+def _rows(xp, shape, dtype, written: int, zero_rest: bool = True):
     """A buffer of stacked rows whose first ``written`` rows a loop writes: the rest are
-    zeroed. On the host big ones come from the host pool (recycled pages: a fresh 4.6 MB
-    buffer of an LSTM's gate gradients costs ~1 ms of page faults per step)."""
+    zeroed, unless no one reads them (``zero_rest`` False: a shape bucket whose programs
+    compute its real rows only, compiler/passes/row_bounds.py; zeroing 54 of a 64-step
+    bucket's rows cost ~3 ms of a language model's training step). On the host big ones
+    come from the host pool (recycled pages: a fresh 4.6 MB buffer of an LSTM's gate
+    gradients costs ~1 ms of page faults per step)."""
     shape = tuple(shape)
     nbytes = math.prod(shape) * np.dtype(dtype).itemsize
     pool = host_pool() if xp is np and nbytes > 4096 else None
     if pool is None:
-        return _zeros(xp, shape, dtype)
+        return _zeros(xp, shape, dtype) if zero_rest else xp.empty(shape, dtype)
     a = pool.empty(shape, np.dtype(dtype), nbytes)[0]
-    a[written:] = 0
+    if zero_rest:
+        a[written:] = 0
     return a
 
 
@@ -65,7 +69,8 @@ def _truth(xp, v) -> bool:
     return bool(_host(xp, v))
 
 
-def run_control(xp, op, args, attrs, run_body, wanted=None, run_steps=None):
+def run_control(xp, op, args, attrs, run_body, wanted=None, run_steps=None,
+                zero_rest=True):
     """The results of control op ``op`` on raw arrays. ``run_body(name, inputs) -> outputs``
     runs the body attribute ``name``; ``run_body(name, inputs, targets) -> bool`` runs it
     writing its outputs into ``targets`` where it can (False: not run). ``wanted``: the
@@ -73,7 +78,7 @@ def run_control(xp, op, args, attrs, run_body, wanted=None, run_steps=None):
     a gradient would need. ``run_steps(name, n, inputs, outputs) -> bool`` (where the
     backend has one) runs all of a foreach's steps in one native call."""
     if op == "foreach":
-        return _run_foreach(xp, args, attrs, run_body, wanted, run_steps)
+        return _run_foreach(xp, args, attrs, run_body, wanted, run_steps, zero_rest)
     if op == "while_loop":
         return _run_while(xp, args, attrs, run_body, wanted)
     if op == "cond":
@@ -82,7 +87,7 @@ def run_control(xp, op, args, attrs, run_body, wanted=None, run_steps=None):
     raise ValueError(f"{op!r} is not a control-flow op")
 
 
-def _run_foreach(xp, args, attrs, run_body, wanted, run_steps=None):
+def _run_foreach(xp, args, attrs, run_body, wanted, run_steps=None, zero_rest=True):
     """Each step writes into rows preallocated for all steps where the body's executable can
     (``run_into``): its outputs into the rows of the stacked outputs, its new states into
     the row of the states the next step starts from (kept for a gradient anyway) or else
@@ -97,13 +102,16 @@ def _run_foreach(xp, args, attrs, run_body, wanted, run_steps=None):
     n_out = len(outs_spec) - ns
     keep_seq = wanted is None or any(i >= n_out + ns for i in wanted)
     # rows 0..n-1 are written whichever way the steps run
-    outs = [_rows(xp, (steps,) + tuple(s.shape), s.dtype, n) for s in outs_spec[:n_out]]
+    outs = [_rows(xp, (steps,) + tuple(s.shape), s.dtype, n, zero_rest)
+            for s in outs_spec[:n_out]]
     if run_steps is not None and n and not (keep_seq and attrs.get("reverse")):
         done = _native_steps(xp, attrs, run_steps, n, steps, seqs, states, caps, outs,
+                             zero_rest,
                              keep_seq)
         if done is not None:
             return done
-    seq = [_rows(xp, (steps,) + tuple(s.shape), s.dtype, n) for s in states] if keep_seq else \
+    seq = [_rows(xp, (steps,) + tuple(s.shape), s.dtype, n, zero_rest) for s in states] \
+        if keep_seq else \
         [None] * ns
     order = list(reversed(range(n)) if attrs.get("reverse") else range(n))
     turns = [[xp.empty(s.shape, s.dtype) for s in states] for _ in range(2)]
@@ -131,14 +139,16 @@ def _run_foreach(xp, args, attrs, run_body, wanted, run_steps=None):
     return outs + states + seq
 
 
-def _native_steps(xp, attrs, run_steps, n, steps, seqs, states, caps, outs, keep_seq):
+def _native_steps(xp, attrs, run_steps, n, steps, seqs, states, caps, outs, zero_rest,
+                  keep_seq):
     """All ``n`` steps in one native call: the states live in rows 0..n of one buffer (step
     j reads row j, writes row j + 1, in the order the steps run), data and output rows are
     read and written in place; None when the backend declines."""
     rev = bool(attrs.get("reverse"))
     first, step = (n - 1, -1) if rev else (0, 1)
     # rows past n + 1: a counted scan never reaches them
-    ext = [_rows(xp, (max(n, steps) + 1,) + tuple(s.shape), s.dtype, n + 1) for s in states]
+    ext = [_rows(xp, (max(n, steps) + 1,) + tuple(s.shape), s.dtype, n + 1, zero_rest)
+           for s in states]
     for e, s in zip(ext, states):
         e[0] = s
     # a data array whose rows are not contiguous (the cotangent of one direction's half of a
@@ -394,10 +404,15 @@ def compile_control(graph: Graph, backend: str, device, compile_body,
             return into[name] is not None and into[name](xp, vals, targets)
         args = [inputs[i] if kind == "input" else params[i] if kind == "param"
                 else xp.asarray(i) for kind, i in sources]
-        res = run_control(xp, op, args, attrs, run_body, wanted, run_steps)
+        res = run_control(xp, op, args, attrs, run_body, wanted, run_steps,
+                          options["zero_rest"])
         return [res[k] for k in picks]
 
+    # zero_rest: rows a counted scan does not reach are zeroed, unless the graph around it
+    # computes its real rows only (pipeline._compile_parts clears it: no one reads them)
+    options = {"zero_rest": True}
     report = {"control": op, "bodies": {k: exe.report for k, exe in bodies.items()},
+              "loop_options": options,
               "passes": [r for exe in bodies.values() for r in exe.report.get("passes", [])],
               "graph": graph,
               "explain": f"   {op} over bodies " + ", ".join(

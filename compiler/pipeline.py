@@ -19,6 +19,7 @@ from .passes.index_checks import add_index_checks, checked_run
 from .passes.loop_invariants import hoist_loop_invariants
 from .passes.loop_packing import pack_loop_products
 from .passes.partition import devices_of, partition
+from .passes.row_bounds import part_rows
 from .reference import ReferenceProgram
 from .verify import verify
 
@@ -89,7 +90,7 @@ def compile(graph: Graph, backend: str = "reference", device=None, passes=None, 
                                    lambda body: compile(body, backend, device, passes),
                                    shared=passes is None)
         if has_control(graph):
-            return _compile_parts(graph, backend, device, passes)
+            return _compile_parts(graph, backend, device, passes, rows)
     if len(devices_of(graph)) > 1 or (device is not None and
                                        devices_of(graph) - {str(device)}):
         # ops on several devices, or all on another device than the call's (x.to(cpu(1))
@@ -127,16 +128,31 @@ def part_backend(backend: str, device: str) -> str:
     return "cuda" if str(device).startswith("gpu") else "llvm"
 
 
-def _compile_parts(graph, backend, device, passes):
+def _compile_parts(graph, backend, device, passes, rows=None):
     t0 = time.perf_counter()
     split = partition(graph)
-    parts = [PartExecutable(p.device,
-                            compile(p.graph, part_backend(backend, p.device), p.device, passes),
-                            p.inputs, p.params, p.input_devices) for p in split.parts]
+    each = part_rows(graph, split, rows) if rows else None
+
+    def build(rows_of):
+        return [PartExecutable(p.device, compile(p.graph, part_backend(backend, p.device),
+                                                 p.device, passes, rows=r),
+                               p.inputs, p.params, p.input_devices)
+                for p, r in zip(split.parts, rows_of)]
+    parts = build(each or [None] * len(split.parts))
+    bounded = sum(p.exe.report.get("row_bounds", 0) for p in parts)
+    if each and any(r and not p.exe.report.get("row_bounds") for p, r in zip(parts, each)):
+        # one part computes every padded row: it would read rows the others never wrote
+        parts, bounded = build([None] * len(split.parts)), 0
+    for p in parts if bounded else ():  # no one reads the rows its loops do not reach
+        options = p.exe.report.get("loop_options")
+        if options is not None:
+            options["zero_rest"] = False
     explain = "\n".join(f"   part {i} on {p.device} (reads {_refs(p.inputs)}):\n"
                          f"{p.exe.report['explain']}" for i, p in enumerate(parts))
     report = {"parts": len(parts), "compile_seconds": time.perf_counter() - t0,
-              "explain": explain, "graph": graph,
+              "explain": explain, "graph": graph, "row_bounds": bounded,
+              "row_granule": max((p.exe.report.get("row_granule", 1) for p in parts),
+                                 default=1),
               "passes": [r for p in parts for r in p.exe.report["passes"]]}
     _log.info("compiled %s for %s as %d device parts in %.3fs", graph.name, backend,
               len(parts), report["compile_seconds"])

@@ -62,7 +62,7 @@ LADDER = tuple(1 << k for k in range(13))  # 1, 2, 4, ... 4096: a few graphs, <=
 BOUNDED_ROWS = 64
 # library kernels that row_bounds.py does not bound (a bucket of them pads the ladder's way)
 _UNBOUNDED_OPS = ("conv2d", "conv2d_grad_data", "conv2d_grad_weight", "pool2d",
-                  "pool2d_grad", "take", "take_grad", "pick", "argmax", "argmin")
+                  "pool2d_grad", "argmax", "argmin")
 
 
 # a size family whose padded axis a foreach scans (an RNN's time steps): the loop runs the
@@ -88,34 +88,35 @@ def _scan_bucket(first, axes, size: int, first_size: int) -> int:
     return SCAN_BUCKET if extra <= max(exact, PAD_WORK_FREE) else 0
 
 
-def _rows_bucket(cf, first, family, size: int, padded: int, largest: int) -> int:
-    """The bucket of ``size`` in a predict-mode family whose inference programs may take row
-    bounds (compiler/passes/row_bounds.py): the smallest bucket already compiled with them that
-    holds it; else, where this family's programs are expected to take them, one of at
-    least BOUNDED_ROWS rows (it costs the real rows only, so it serves every smaller size);
-    the ladder's ``padded`` where a compiled bucket showed they do not."""
-    if family[1]:  # train mode: a recorded call's gradients run every padded row
-        return padded
+def _rows_bucket(cf, family, size: int, padded: int, least: int) -> int:
+    """The bucket of ``size`` in a family whose programs are expected to take row bounds
+    (compiler/passes/row_bounds.py): the smallest bucket already compiled with them that
+    holds it; else one of at least ``least`` rows (it costs the real rows only, so it serves
+    every smaller size); the ladder's ``padded`` where a compiled bucket showed they do
+    not."""
     mine = [(p, _bounded(e)) for (fam, p), (e, _) in cf.buckets.items() if fam == family]
     fits = [p for p, bounded in mine if bounded and p >= size]
     if fits:
         return min(fits)
-    if any(bounded is False for _, bounded in mine) or not _boundable(first):
+    if any(bounded is False for _, bounded in mine):
         return padded
-    return max(padded, min(BOUNDED_ROWS, largest))
+    return max(padded, least)
 
 
 def _bounded(entry):
-    """Whether ``entry``'s inference executable computes the real rows only (None: not
-    compiled yet)."""
-    exe = entry.compiled_exe
-    return None if exe is None else bool(exe.report.get("row_bounds"))
+    """Whether ``entry``'s programs compute the real rows only (None: none compiled yet)."""
+    for exe in [entry.compiled_exe] + [t[1] for t in entry.train.values()]:
+        if exe is not None:
+            return bool(exe.report.get("row_bounds"))
+    return None
 
 
-def _boundable(first) -> bool:
+def _boundable(first, axes) -> bool:
     """Whether a bucket of ``first``'s graph is expected to take row bounds: a CPU graph for
-    the LLVM backend of the kernels row_bounds.py bounds (loops, 2-D products)."""
-    if first.backend != "llvm" or not str(first.device or "cpu").startswith("cpu"):
+    the LLVM backend of the kernels row_bounds.py bounds (loops, 2-D products, gathers),
+    whose loops are scans over the padded axis."""
+    if first.backend != "llvm" or not str(first.device or "cpu").startswith("cpu") or \
+            not config.get("HYBRID_ROW_BOUNDS"):
         return False
     g = first.graph
     for n in g.op_nodes():
@@ -123,7 +124,8 @@ def _boundable(first) -> bool:
         if op == "matmul":
             if any(g.spec(a).ndim != 2 for a in g.arg_ids(n)):
                 return False
-        elif op in _UNBOUNDED_OPS or REGISTRY[op].kind == "control":
+        elif op in _UNBOUNDED_OPS or op in ("while_loop", "cond") or \
+                op == "foreach" and n not in axes.scans:
             return False
     return True
 
@@ -225,7 +227,8 @@ class Bucketed:
                                  device=leaves[0].device))
             outs, tree = flatten(_run(self.entry, ins, name))
             runs.append(outs)
-        outs = [parts[0] if ax is None else _join_rows(list(parts), ax, bounds)
+        unread = bool(_bounded(self.entry))  # its backward reads no padded row either
+        outs = [parts[0] if ax is None else _join_rows(list(parts), ax, bounds, unread)
                 for parts, ax in zip(zip(*runs), self.out_axes)]
         return outs[0] if len(outs) == 1 and tree == ("a",) else unflatten(tree, outs)
 
@@ -286,10 +289,23 @@ def _pad_rows(xp, a, axis: int, padded: int, filled: int):
     return out
 
 
+def _unread_rows(a: NDArray, extra: int, axis: int) -> NDArray:
+    """``a`` with ``extra`` more rows along ``axis`` that no program reads: one engine op
+    copying ``a``'s own rows only."""
+    from .dispatch import _push  # noqa: PLC0415
+    n = a.shape[axis]
+    shape = tuple(a.shape[:axis]) + (n + extra,) + tuple(a.shape[axis + 1:])
+    exe = Executable(lambda xp, ins, params: [_pad_rows(xp, ins[0], axis, n + extra, n)],
+                     "host", [Spec(a.shape, a._dtype)], [], [Spec(shape, a._dtype)], a.device)
+    return _push(exe, a.device, [a._buf], [], exe.out_specs, "bucket_rows")[0]
+
+
 def _count(entry, n: int, padded: int) -> int:
     """The row count a bucket's graph is given for ``n`` real rows: with row bounds, ``n``
     rounded up to the executable's row granule (a GEMM's row tile then reads only rows the
-    program wrote), at most ``padded``."""
+    program wrote), at most ``padded``; exactly ``n`` where a scan counts the steps."""
+    if getattr(entry, "scanned", False):
+        return n
     exe = entry.compiled_exe
     g = exe.report.get("row_granule", 1) if exe is not None else 1
     return min(padded, -(-n // g) * g)
@@ -322,9 +338,11 @@ def _split_rows(a: NDArray, axis: int, bounds, padded: int) -> list:
     return parts
 
 
-def _join_rows(parts: list, ax, bounds) -> NDArray:
+def _join_rows(parts: list, ax, bounds, unread: bool = False) -> NDArray:
     """The real rows of each piece's output, joined along the output's axis; one recorded
-    node whose backward gives each piece its rows of the gradient, zeros after them."""
+    node whose backward gives each piece its rows of the gradient, zeros after them (rows
+    no one reads where the bucket's programs compute the real rows only, ``unread``: zeros
+    and a concatenate of a language model's (2048, 1000) logits' gradient cost ~6 ms)."""
     axis, per = ax
     if len(parts) == 1 and parts[0].shape[axis] == (bounds[0][1] - bounds[0][0]) * per:
         return parts[0]
@@ -338,7 +356,9 @@ def _join_rows(parts: list, ax, bounds) -> NDArray:
         for p, (lo, hi) in zip(parts, bounds):
             g = _rows(grads[0], axis, lo * per, hi * per)
             extra = p.shape[axis] - (hi - lo) * per
-            if extra:
+            if extra and unread:
+                g = _unread_rows(g, extra, axis)
+            elif extra:
                 shape = p.shape[:axis] + (extra,) + p.shape[axis + 1:]
                 g = concatenate([g, zeros(shape, dtype=p._dtype, device=p.device)], axis=axis)
             res.append(g)
@@ -401,10 +421,12 @@ def lookup(cf, sig, leaves, tree, args, kwargs):
         padded = bucket_of(size)
         if padded is None:
             return None
-        if axes.ok and axes.scans:  # a scan stops after the real steps: pad more where cheap
+        if axes.ok and family[-1] == 0 and _boundable(first, axes):
+            # its programs compute the real rows only: one bucket for the smaller sizes
+            padded = _rows_bucket(cf, family, size, padded,
+                                  SCAN_BUCKET if axes.scans else min(BOUNDED_ROWS, largest))
+        elif axes.ok and axes.scans:  # a scan stops after the real steps: pad more where cheap
             padded = max(padded, _scan_bucket(first, axes, size, _size_of(first, family)))
-        elif axes.ok and family[-1] == 0:  # rows bounded: one bucket for the small sizes
-            padded = _rows_bucket(cf, first, family, size, padded, largest)
     key = (family, padded)
     got = cf.buckets.get(key)
     if got is None and padded == _size_of(first, family) and axes.ok and not axes.scans \
@@ -473,7 +495,8 @@ def _build_bucket(cf, sig, family, padded, first, leaves, tree, args, kwargs):
                                 g.node(g.inputs[0])["device"])
         if axes.scans:
             _count_scans(g, axes.scans, valid)
-        elif entry.counted:  # its inference program may compute the real rows only
+        if entry.counted and axis == 0 and config.get("HYBRID_ROW_BOUNDS"):
+            # its programs may compute the real rows only
             entry.rows = {"count": len(g.inputs) - 1, "units": padded, "batched": [
                 i for i, b in enumerate(family[2]) if b]}
         return entry

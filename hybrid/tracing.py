@@ -331,41 +331,44 @@ def flatten(obj):
     """(leaves, treedef): NDArray leaves; other values become part of the treedef as
     ``("s", Static(value))``."""
     leaves = []
+    return leaves, _flatten_into(obj, leaves)
 
-    def rec(o):
-        if isinstance(o, NDArray):
-            leaves.append(o)
-            return ("a",)
-        if isinstance(o, tuple):
-            return ("t", tuple(rec(x) for x in o))
-        if isinstance(o, list):
-            return ("l", tuple(rec(x) for x in o))
-        if isinstance(o, dict):
-            keys = tuple(o.keys())
-            return ("d", keys, tuple(rec(o[k]) for k in keys))
-        if isinstance(o, np.ndarray):  # as eager ops do: a clear refusal, not a constant
-            raise TypeError(f"got a NumPy array of shape {o.shape} (at {_at()}): hybridized "
-                            "blocks and loaded models take hybrid arrays; wrap NumPy data "
-                            "with hb.array(x)")
-        return ("s", Static(o))
-    return leaves, rec(obj)
+
+def _flatten_into(o, leaves):
+    # (module level: a recursive closure is a reference cycle holding the leaves - a
+    # bucketed call's outputs, 8 MB of a language model's logits - until the GC runs)
+    if isinstance(o, NDArray):
+        leaves.append(o)
+        return ("a",)
+    if isinstance(o, tuple):
+        return ("t", tuple(_flatten_into(x, leaves) for x in o))
+    if isinstance(o, list):
+        return ("l", tuple(_flatten_into(x, leaves) for x in o))
+    if isinstance(o, dict):
+        keys = tuple(o.keys())
+        return ("d", keys, tuple(_flatten_into(o[k], leaves) for k in keys))
+    if isinstance(o, np.ndarray):  # as eager ops do: a clear refusal, not a constant
+        raise TypeError(f"got a NumPy array of shape {o.shape} (at {_at()}): hybridized "
+                        "blocks and loaded models take hybrid arrays; wrap NumPy data "
+                        "with hb.array(x)")
+    return ("s", Static(o))
 
 
 def unflatten(treedef, leaves):
-    it = iter(leaves)
+    return _unflatten_from(treedef, iter(leaves))
 
-    def rec(t):
-        kind = t[0]
-        if kind == "a":
-            return next(it)
-        if kind == "t":
-            return tuple(rec(x) for x in t[1])
-        if kind == "l":
-            return [rec(x) for x in t[1]]
-        if kind == "d":
-            return {k: rec(x) for k, x in zip(t[1], t[2])}
-        return t[1].value if isinstance(t[1], Static) else t[1]
-    return rec(treedef)
+
+def _unflatten_from(t, it):  # (module level, as _flatten_into: no cycle holds the leaves)
+    kind = t[0]
+    if kind == "a":
+        return next(it)
+    if kind == "t":
+        return tuple(_unflatten_from(x, it) for x in t[1])
+    if kind == "l":
+        return [_unflatten_from(x, it) for x in t[1]]
+    if kind == "d":
+        return {k: _unflatten_from(x, it) for k, x in zip(t[1], t[2])}
+    return t[1].value if isinstance(t[1], Static) else t[1]
 
 
 # ============================================================ compiled entries
@@ -746,8 +749,18 @@ def _training(entry, device, needs):
                    if needs[n_in + i] and g.spec(n).dtype.startswith("float")]
         wrt = [g.inputs[i] for i in wrt_in] + [g.params[i] for i in wrt_par]
         tg = split_joint(g, wrt)
-        fwd = compile_graph(tg.forward, entry.backend, device)
-        bwd = compile_graph(tg.backward, entry.backend, device)
+        fwd_rows = bwd_rows = None
+        if entry.rows:  # a shape bucket: both halves may compute the real rows only
+            from compiler.passes.row_bounds import training_rows  # noqa: PLC0415
+            fwd_rows, bwd_rows = training_rows(tg, entry.rows)
+        fwd = compile_graph(tg.forward, entry.backend, device, rows=fwd_rows)
+        bwd = compile_graph(tg.backward, entry.backend, device, rows=bwd_rows)
+        if fwd_rows and not (fwd.report.get("row_bounds") and bwd.report.get("row_bounds")):
+            # one half computes every padded row: it would read rows the other never wrote
+            tg.backward.inputs.pop()  # (training_rows' count input: read by nothing now)
+            fwd = compile_graph(tg.forward, entry.backend, device)
+            bwd = compile_graph(tg.backward, entry.backend, device)
+            bwd_rows = None
         _compiles[0] += 2
         # outputs computed from nothing that needs a gradient get no autograd node, as
         # eagerly (a constant, or the batch alone): their positions, once per `needs`
@@ -756,7 +769,7 @@ def _training(entry, device, needs):
         untracked = tuple(k for k, (ins, pars) in enumerate(sources) if not any(
             needs[j] for j in ins) and not any(needs[n_in + j] for j in pars))
         compiled = entry.train[needs] = (tg, fwd, bwd, wrt_in, wrt_par, Caller(fwd, device),
-                                         Caller(bwd, device), untracked)
+                                         Caller(bwd, device), untracked, bool(bwd_rows))
     return compiled
 
 
@@ -766,8 +779,8 @@ def _run_training(entry, inputs, handles, device, name):
     the engine), the backward one when autograd asks for it."""
     record_custom = sys.modules["hybrid.autograd"].record_custom  # imported by hybrid/__init__
     needs = tuple(_needs_grad(a) for a in inputs) + tuple(_needs_grad(h) for h in handles)
-    tg, fwd, bwd, wrt_in, wrt_par, run_fwd, run_bwd, untracked = _training(entry, device,
-                                                                          needs)
+    tg, fwd, bwd, wrt_in, wrt_par, run_fwd, run_bwd, untracked, counted = _training(
+        entry, device, needs)
     outs = run_fwd(inputs, handles, name)
     g = entry.graph
     n_out = len(g.outputs)
@@ -786,11 +799,14 @@ def _run_training(entry, inputs, handles, device, name):
     record_inputs = inputs + handles
 
     reached = tg.reached
+    if counted:  # a row-bounded bucket's backward reads the real count too (the last input)
+        res.append(inputs[entry.rows["count"]])
 
     def backward_fn(out_grads):
         # an input or parameter the outputs do not reach gets no gradient (None), as eagerly:
         # its .grad keeps what it held (a block whose layer's output is overwritten, unused)
-        grads = run_bwd(res + list(out_grads), (), f"{name}_backward")
+        grads = run_bwd(res[:len(tg.residuals)] + list(out_grads) + res[len(tg.residuals):],
+                        (), f"{name}_backward")
         result = [None] * len(record_inputs)
         for k, i in enumerate(wrt_in):
             if reached[k]:

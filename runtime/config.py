@@ -160,6 +160,11 @@ FLAGS = {f.name: f for f in [
          "length) runs that bucket's graph on consecutive pieces of this many rows, the "
          "last one padded, where its rows are independent (hybrid/buckets.py); the first "
          "size a block sees always compiles exactly."),
+    Flag("HYBRID_ROW_BOUNDS", _bool, True,
+         "A shape bucket's native (LLVM) programs read the real number of rows and compute "
+         "those only (compiler/passes/row_bounds.py), so one bucket serves every smaller "
+         "size at the real size's cost; 0 computes every padded row, and buckets follow the "
+         "power-of-two ladder."),
     Flag("HYBRID_PRELOAD_LLVM", _bool, True,
          "`import hybrid` starts loading llvmlite (a ~50 ms library load, outside the GIL) "
          "and LLVM's target machine in a background thread, as jaxlib loads XLA at import, so "

@@ -203,13 +203,24 @@ def test_lstm_sequence_lengths_share_buckets_with_exact_final_states():
 
 @pytest.mark.parametrize("free", [0.0, None])  # None: PAD_WORK_FREE as it is
 def test_the_64_step_bucket_only_where_padding_is_cheap(free, monkeypatch):
-    """A loop-dominated LSTM serves lengths 10..50 from one 64-step bucket; a language model
-    whose decoder runs on every padded step takes the ladder's buckets for short lengths,
-    unless the padded work is too small to matter (these models are: PAD_WORK_FREE)."""
+    """Without row bounds (every padded step computed): a loop-dominated LSTM serves lengths
+    10..50 from one 64-step bucket; a language model whose decoder runs on every padded step
+    takes the ladder's buckets for short lengths, unless the padded work is too small to
+    matter (these models are: PAD_WORK_FREE). With them: tests/test_row_bounds.py."""
     from hybrid import buckets
     from hybrid.buckets import _family, _first_axes, _scan_bucket
     if free is not None:
         monkeypatch.setattr(buckets, "PAD_WORK_FREE", free)
+    from runtime import config
+    old = config.set_flag("HYBRID_ROW_BOUNDS", False)
+    try:
+        _lengths_and_buckets(free)
+    finally:
+        config.set_flag("HYBRID_ROW_BOUNDS", old)
+
+
+def _lengths_and_buckets(free):
+    from hybrid.buckets import _family, _first_axes, _scan_bucket
 
     class LanguageModel(nn.HybridBlock):
         def __init__(self, decoder):

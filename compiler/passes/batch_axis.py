@@ -61,12 +61,27 @@ def batch_axes(graph, batched: dict, size: int) -> BatchAxes:
                                        if st is not None and st != UNIFORM))
 
 
+def batch_states(graph, batched: dict, size: int):
+    """Pure: each node's batch state (``(axis, f)``, None, or UNIFORM) when ``batched``
+    (input node -> axis, of extent ``size``) are a shape bucket's padded inputs, in a graph
+    that may also *sum over* the batch (a training graph: a weight's gradient contracts the
+    rows, a bias's sums them, an embedding's scatters them: batch-free results); None where
+    rows mix otherwise, or a loop carries batch rows other than as a counted scan over them
+    (which row-bounded programs could not serve: compiler/passes/row_bounds.py)."""
+    try:  # (an input of ``f`` rows per example, a (T*N, C) residual: f = N)
+        state, _ = _walk(graph, {n: (a, graph.spec(n).shape[a] // size)
+                                 for n, a in batched.items()}, size, True, sums=True)
+    except NotSeparable:
+        return None
+    return state
+
+
 def _where(graph, n) -> str:
     w = graph.node(n).get("where")
     return f" (at {w[0]}:{w[1]})" if w and len(w) >= 2 else ""
 
 
-def _walk(graph, state: dict, size: int, top: bool):
+def _walk(graph, state: dict, size: int, top: bool, sums: bool = False):
     scans = []
     for n in graph.topo_order():
         op = graph.op(n)
@@ -76,7 +91,7 @@ def _walk(graph, state: dict, size: int, top: bool):
         args = graph.args(n)
         sts = [state.get(a.id) if isinstance(a, NodeRef) else None for a in args]
         try:
-            state[n] = _rule(graph, n, op, args, sts, size, state, scans, top)
+            state[n] = _rule(graph, n, op, args, sts, size, state, scans, top, sums)
         except NotSeparable as exc:
             raise NotSeparable(f"{op}{_where(graph, n)}: {exc}") from None
     return state, scans
@@ -109,7 +124,7 @@ def _aligned(graph, n, args, sts, size):
     return axis
 
 
-def _rule(graph, n, op, args, sts, size, state, scans, top):
+def _rule(graph, n, op, args, sts, size, state, scans, top, sums=False):
     kind = REGISTRY[op].kind if op in REGISTRY else None
     attrs = graph.node(n)["attrs"]
     if op in ("random_normal", "random_uniform", "random_randint"):
@@ -126,6 +141,8 @@ def _rule(graph, n, op, args, sts, size, state, scans, top):
         nd = _spec(graph, args[0]).ndim
         axes = normalize_axis(attrs.get("axis"), nd, op)
         if s[0] in axes:
+            if sums and op == "sum":
+                return None
             raise NotSeparable("it reduces over the batch axis")
         return s if attrs.get("keepdims") else (s[0] - sum(a < s[0] for a in axes), s[1])
     if op == "transpose":
@@ -149,7 +166,12 @@ def _rule(graph, n, op, args, sts, size, state, scans, top):
             raise NotSeparable("it concatenates along the batch axis")
         return got
     if op == "matmul":
+        if sums and _contracts_batch(graph, args, sts):
+            return None
         return _matmul(graph, args, sts)
+    if sums and op == "take_grad" and isinstance(sts[1], tuple) and \
+            isinstance(sts[0], tuple) and sts[0][0] == sts[1][0] == 0:
+        return None  # the rows scattered into a table
     if op in ("conv2d", "pool2d"):
         if sts[0] != (0, 1) or any(isinstance(s, tuple) for s in sts[1:]):
             raise NotSeparable("only its data may carry the batch, on axis 0")
@@ -165,7 +187,9 @@ def _rule(graph, n, op, args, sts, size, state, scans, top):
     if op == "nth":
         return state[("results", args[0].id)][attrs["index"]]
     if op == "foreach":
-        return _foreach(graph, n, args, sts, attrs, size, state, scans, top)
+        return _foreach(graph, n, args, sts, attrs, size, state, scans, top, sums)
+    if sums and op in ("cond", "while_loop"):
+        raise NotSeparable("a loop or branch carries batch rows")
     if op == "cond":
         return _cond(graph, n, args, sts, attrs, size, state)
     raise NotSeparable("its rows are not known to stay apart")
@@ -200,6 +224,14 @@ def _matmul(graph, args, sts):
     return (out_nd - 1, sb[1]) if sb[0] == b.ndim - 1 else (out_nd - b.ndim + sb[0], sb[1])
 
 
+def _contracts_batch(graph, args, sts) -> bool:
+    """Both operands of a 2-D product carry the batch on the axis it contracts (A^T B)."""
+    a, b = (_spec(graph, x) for x in args)
+    sa, sb = sts
+    return isinstance(sa, tuple) and isinstance(sb, tuple) and a.ndim == b.ndim == 2 and \
+        sa[0] == a.ndim - 1 and sb[0] == b.ndim - 2 and sa[1] == sb[1]
+
+
 def _take(graph, args, sts, attrs):
     data, idx = (_spec(graph, x) for x in args)
     axis = attrs.get("axis", 0)
@@ -221,8 +253,23 @@ def _body(graph_body, in_states, size):
     return [st.get(o) for o in graph_body.outputs]
 
 
-def _foreach(graph, n, args, sts, attrs, size, state, scans, top):
+def _foreach(graph, n, args, sts, attrs, size, state, scans, top, sums=False):
     nd, ns = attrs["n_data"], attrs["n_states"]
+    if sums:  # a bucket's graph: only a counted scan over the padded axis carries rows
+        if attrs.get("counted"):
+            args, sts = args[1:], sts[1:]
+        data = sts[:nd]
+        if not (attrs.get("counted") and data and all(s == (0, 1) for s in data)):
+            if any(isinstance(s, tuple) for s in sts):
+                raise NotSeparable("a loop carries batch rows")
+            state[("results", n)] = [None] * len(graph.node(n)["results"])
+            return None
+        if any(isinstance(s, tuple) for s in sts[nd:]):
+            raise NotSeparable("a scan's states or captured values carry batch rows")
+        res = graph.node(n)["results"]
+        n_out = len(res) - 2 * ns  # outputs stacked per step, final states, states seq
+        state[("results", n)] = [(0, 1)] * n_out + [None] * ns + [(0, 1)] * ns
+        return None
     if attrs.get("counted") or attrs.get("reverse") or attrs.get("vjp") is not None:
         raise NotSeparable("a counted or reverse scan")
     body = attrs["body"].graph

@@ -31,6 +31,7 @@ class Part:
     inputs: list
     params: list  # ("param", i) of the whole graph, in graph.params order
     input_devices: list  # the device each input of ``graph`` lives on before the part runs
+    sources: list = dataclasses.field(default_factory=list)  # whole-graph node per input
 
 
 @dataclasses.dataclass
@@ -87,7 +88,7 @@ def partition(graph: Graph) -> Partitioning:
             outputs.append(("const", graph.constants[graph.node(o)["attrs"]["name"]]))
         else:
             outputs.append(("part", part_of[o], builders[part_of[o]].export(o)))
-    parts = [Part(b.device, b.sub, b.input_refs, b.param_refs, b.input_devices)
+    parts = [Part(b.device, b.sub, b.input_refs, b.param_refs, b.input_devices, b.sources)
              for b in builders]
     return Partitioning(parts, outputs)
 
@@ -119,6 +120,7 @@ class _PartBuilder:
         self.local: dict[int, int] = {}  # whole-graph node -> node of this part
         self.input_refs: list = []
         self.input_devices: list = []
+        self.sources: list = []  # the whole-graph node each input of sub holds
         self.param_refs: list = []
         self.exported: dict[int, int] = {}  # whole-graph node -> output index of this part
 
@@ -140,6 +142,7 @@ class _PartBuilder:
             nid = self.sub.add_input(spec, g.node(a)["attrs"]["name"], self.device)
             self.input_refs.append(("input", g.inputs.index(a)))
             self.input_devices.append(g.node(a).get("device", "cpu(0)"))
+            self.sources.append(a)
         elif op == "param":
             nid = self.sub.add_param(spec, g.node(a)["attrs"]["name"], self.device)
             self.param_refs.append(("param", g.params.index(a)))
@@ -152,6 +155,7 @@ class _PartBuilder:
             nid = self.sub.add_input(spec, f"from_part{src}_{k}", self.device)
             self.input_refs.append(("part", src, k))
             self.input_devices.append(builders[src].device)
+            self.sources.append(a)
         self.local[a] = nid
         return nid
 

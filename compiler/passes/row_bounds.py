@@ -25,9 +25,12 @@ bucket's ``units`` of them in all. Understood steps:
   reduction over the batch, free of it;
 - a 2-D matmul whose A carries the batch on its rows (x @ W, dY @ W): C's rows are A's, ``m``
   runs ``count * f`` rows; or whose A and B both carry it on the contracted axis
-  (X^T @ dY, a weight's gradient): ``k`` runs ``count * f`` rows, C is free of the batch.
+  (X^T @ dY, a weight's gradient): ``k`` runs ``count * f`` rows, C is free of the batch;
+- a gather from a batch-free table by indices that carry the batch (an embedding): ``count
+  * f`` indices; its gradient, the scatter of their rows into the table, the same; a pick
+  whose data and indices carry the batch on their leading rows: ``count * g`` of them.
 
-Anything else touching the batch (a gather, a convolution) leaves the Program unbounded.
+Anything else touching the batch (a convolution, a pooling) leaves the Program unbounded.
 Pure: Program in, bounds out; tests run it without a device.
 """
 from __future__ import annotations
@@ -48,14 +51,25 @@ def row_bounds(program, batched: dict, units: int) -> tuple:
             return ()
         unit[s] = u
     rows = []
+    written, last = set(), {}  # arena slots written so far; (offset, bytes) -> its unit
     for i, step in enumerate(program.steps):
         reads, writes = _slots(step)
+        for s in reads:  # an arena slot no step writes is a view (a reshape) of the value
+            slot = program.slots[s]  # last written at its bytes: its rows are that value's
+            if slot.role == "arena" and s not in written and \
+                    last.get((slot.offset, slot.nbytes)) is not None:
+                unit[s] = last[(slot.offset, slot.nbytes)]
+        written.update(writes)
+        for s in writes:
+            slot = program.slots[s]
+            if slot.role == "arena":
+                last[(slot.offset, slot.nbytes)] = None
         if not any(s in unit for s in reads):
             for s in writes:  # (a slot's memory written again: what it holds now)
                 unit.pop(s, None)
             continue
         got = _loop(program, step, unit, units) if isinstance(step, LoopKernel) else \
-            _matmul(program, step, unit, units) if step.op == "matmul" else None
+            _EXTERNS[step.op](program, step, unit, units) if step.op in _EXTERNS else None
         if got is None:
             return ()
         what, per, carried = got
@@ -63,6 +77,10 @@ def row_bounds(program, batched: dict, units: int) -> tuple:
         for s in writes:
             unit.pop(s, None)
         unit.update(carried)
+        for s, u in carried.items():
+            slot = program.slots[s]
+            if slot.role == "arena":
+                last[(slot.offset, slot.nbytes)] = u
     return tuple(rows)
 
 
@@ -115,6 +133,43 @@ def _along(program, k, unit, units, shape, d, g):
     return carried
 
 
+def _gather(program, k: ExternKernel, unit, units):
+    """take (table, indices) / take_grad (grads, indices): the indices' count, when the
+    table's axis is its first (nothing before it: the rows are the indices')."""
+    src, si = k.in_slots
+    (so,) = k.out_slots
+    attrs = k.attr_dict
+    lead_shape = (program.slots[so] if k.op == "take_grad" else program.slots[src]).shape
+    ax = int(attrs.get("axis", 0)) % max(len(lead_shape), 1)
+    if si not in unit or any(n != 1 for n in lead_shape[:ax]):
+        return None
+    rest = 1
+    for n in lead_shape[ax + 1:]:
+        rest *= n
+    f = unit[si]
+    if k.op == "take":
+        return (None if src in unit else (("take",), f, {so: f * rest}))
+    return (("take",), f, {}) if unit.get(src) == f * rest else None
+
+
+def _pick(program, k: ExternKernel, unit, units):
+    """pick (data, indices) along an axis after the batch: its lead rows walk the batch."""
+    sx, si = k.in_slots
+    (so,) = k.out_slots
+    shape = program.slots[sx].shape
+    ax = int(k.attr_dict.get("axis", -1)) % len(shape)
+    lead = 1
+    for n in shape[:ax]:
+        lead *= n
+    if sx not in unit or si not in unit or ax == 0 or lead % units:
+        return None
+    g = lead // units
+    rest = program.slots[so].size // lead
+    if unit[sx] != g * shape[ax] * rest or unit[si] != g * rest:
+        return None
+    return ("pick",), g, {so: g * rest}
+
+
 def _matmul(program, k: ExternKernel, unit, units):
     sa, sb = k.in_slots
     (sc,) = k.out_slots
@@ -136,3 +191,75 @@ def _matmul(program, k: ExternKernel, unit, units):
             return None
         return ("k",), f, {}
     return None
+
+
+_EXTERNS = {"matmul": _matmul, "take": _gather, "take_grad": _gather, "pick": _pick}
+
+
+# ---------------------------------------------------------------- graphs that carry rows
+# A compile's ``rows`` (compiler.pipeline.compile): {"count": input index of the real count,
+# "batched": input indices padded along axis 0, "units": the bucket's rows}. Below: the
+# rows of each part of a partitioned graph, and of a training graph's two halves, from the
+# batch state of each value (passes/batch_axis.py's batch_states).
+
+def _input_rows(graph, states_of_inputs, count: int, units: int):
+    """``rows`` for a graph whose inputs have ``states_of_inputs``, or None where one
+    carries the batch on another axis than 0 (then nothing can be bounded)."""
+    batched = []
+    for k, s in enumerate(states_of_inputs):
+        if isinstance(s, tuple):
+            if s[0] != 0:
+                return None
+            batched.append(k)
+    return {"count": count, "batched": batched, "units": units}
+
+
+def part_rows(graph, split, rows):
+    """Per part of ``split`` (passes/partition.py) of ``graph``: its ``rows``, None for a
+    part with no padded input or a control part (a counted scan stops by itself); None for
+    the whole where the batch cannot be followed. A part lacking the count input gets it."""
+    from ..control_flow import is_control_part  # noqa: PLC0415 - control_flow imports passes
+    from ..ops import Spec  # noqa: PLC0415
+    from .batch_axis import batch_states  # noqa: PLC0415
+    states = batch_states(graph, {graph.inputs[i]: 0 for i in rows["batched"]},
+                          rows["units"])
+    if states is None:
+        return None
+    count = graph.inputs[rows["count"]]
+    out = []
+    for p in split.parts:
+        st = [states.get(src) for src in p.sources]
+        if is_control_part(p.graph) or not any(isinstance(s, tuple) for s in st):
+            out.append(None)
+            continue
+        if count not in p.sources:
+            p.graph.add_input(Spec((), "int64"), "valid_rows", p.device)
+            p.inputs.append(("input", rows["count"]))
+            p.input_devices.append(graph.node(count).get("device", "cpu(0)"))
+            p.sources.append(count)
+            st.append(None)
+        got = _input_rows(p.graph, st, p.sources.index(count), rows["units"])
+        if got is None:
+            return None
+        out.append(got)
+    return out
+
+
+def training_rows(tg, rows):
+    """(rows of tg.forward, rows of tg.backward) for a bucket's TrainingGraphs
+    (compiler/autodiff.py); the backward gets the count as a last input (its caller passes
+    the forward call's). (None, None) where the batch cannot be followed."""
+    from ..ops import Spec  # noqa: PLC0415
+    from .batch_axis import batch_states  # noqa: PLC0415
+    fwd, bwd = tg.forward, tg.backward
+    states = batch_states(fwd, {fwd.inputs[i]: 0 for i in rows["batched"]}, rows["units"])
+    if states is None:
+        return None, None
+    st = [states.get(r) for r in tg.residuals] + \
+        [states.get(o) for o in fwd.outputs[:tg.n_outputs]]
+    got = _input_rows(bwd, st + [None], len(bwd.inputs), rows["units"])
+    if got is None:
+        return None, None
+    count = fwd.inputs[rows["count"]]
+    bwd.add_input(Spec((), "int64"), "valid_rows", fwd.node(count).get("device", "cpu(0)"))
+    return dict(rows), got

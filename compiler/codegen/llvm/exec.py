@@ -34,16 +34,22 @@ def _bounded(program, binding, graph, rows):
     """``program`` with row bounds (compiler/passes/row_bounds.py) for a shape bucket's
     padded inputs, or as it is where some kernel cannot take them."""
     from compiler.passes.row_bounds import row_bounds  # noqa: PLC0415
-    slot_of = {entry[1]: s for s, entry in zip(program.io_slots(), binding.io)
-               if entry[0] == "input"}
+    # an input's slots: its own and its views' (a reshaped input is a slot of that shape)
+    slots_of: dict = {}
+    for s, entry in zip(program.io_slots(), binding.io):
+        while entry[0] == "alias":  # ('alias', io position): the same pointer
+            entry = binding.io[entry[1]]
+        if entry[0] == "input":
+            slots_of.setdefault(entry[1], []).append(s)
     units = rows["units"]
-    if rows["count"] not in slot_of or any(i not in slot_of for i in rows["batched"]):
-        return program  # (an input the program never reads: nothing to bound it by)
-    batched = {slot_of[i]: graph.spec(graph.inputs[i]).size // units for i in rows["batched"]}
+    if rows["count"] not in slots_of:
+        return program  # (the program never reads it: nothing to bound it by)
+    batched = {s: program.slots[s].size // units
+               for i in rows["batched"] for s in slots_of.get(i, ())}
     bounds = row_bounds(program, batched, units)
     _log.info("%s: %s", graph.name, f"{len(bounds)} kernel(s) bounded by the real rows"
               if bounds else "no row bounds (a kernel cannot take them)")
-    return dataclasses.replace(program, count_slot=slot_of[rows["count"]], rows=bounds) \
+    return dataclasses.replace(program, count_slot=slots_of[rows["count"]][0], rows=bounds) \
         if bounds else program
 
 

@@ -42,8 +42,9 @@ def _take(eb: EB, step, attrs):
     if dim == 0:
         raise KernelIRError("take: cannot take from an empty axis")
     b = eb.b
+    count = eb.bounded(nj) if eb.bound is not None else nj  # (a row bound: lead is 1)
     with for_range(b, lead) as l_:
-        with for_range(b, nj) as j:
+        with for_range(b, count) as j:
             i = _index_of(eb, eb.slot_ptr(si), IDX.dtype, j, dim, mode)
             src = eb.slot_ptr(sx, eb.mul(eb.add(eb.mul(l_, dim), i), rest))
             dst = eb.slot_ptr(so, eb.mul(eb.add(eb.mul(l_, nj), j), rest))
@@ -64,8 +65,9 @@ def _take_grad(eb: EB, step, attrs):
     if lead * nj * rest * dim == 0:
         return
     b = eb.b
+    count = eb.bounded(nj) if eb.bound is not None else nj  # (a row bound: lead is 1)
     with for_range(b, lead) as l_:
-        with for_range(b, nj) as j:
+        with for_range(b, count) as j:
             i = _index_of(eb, eb.slot_ptr(si), IDX.dtype, j, dim, mode)
             dst = eb.slot_ptr(so, eb.mul(eb.add(eb.mul(l_, dim), i), rest))
             src = eb.slot_ptr(sg, eb.mul(eb.add(eb.mul(l_, nj), j), rest))
@@ -83,7 +85,7 @@ def _pick(eb: EB, step, attrs):
     if lead * rest == 0:
         return
     b = eb.b
-    with for_range(b, lead) as l_:
+    with for_range(b, eb.bounded(lead) if eb.bound is not None else lead) as l_:
         with for_range(b, rest) as r:
             pos = eb.add(eb.mul(l_, rest), r)
             i = _index_of(eb, eb.slot_ptr(si), IDX.dtype, pos, dim, "clip")
