@@ -17,7 +17,9 @@ Every framework runs in a process of its own, one after another, from the same i
 weights and tokens (an .npz the parent writes), so the first step's loss must agree across
 them: the table prints it. PyTorch runs under its own interpreter (benchmarks/peers.py).
 hybrid llvm also counts its compiles over sequence lengths --lengths (10-50): the target is
-one graph for every length at a given batch (a symbolic time dimension).
+one graph for every length at a given batch (a symbolic time dimension): one shape bucket
+whose programs stop at the real steps (compiler/passes/row_bounds.py) per hybridized block,
+its forward and backward.
 
 Figures: ms per step, median over --reps runs of --steps steps each (ending with a sync)
 [fastest run]; ratios to torch eager of this run.
@@ -236,8 +238,9 @@ def main(argv=None):
     hyb = results.get("hybrid llvm")
     if hyb and "compiles over lengths" in hyb:
         print(f"\nhybrid llvm: {hyb['compiles over lengths']} compile(s) for sequence lengths "
-              f"{args.lengths} after the length-{STEPS} graph (target: 0, one graph for all); "
-              f"{hyb['recompiles in timing']} during the timed steps")
+              f"{args.lengths} after the length-{STEPS} graph (target: one graph per block "
+              "for every length: the network's bucket and the loss's, forward and backward "
+              f"each, is 4); {hyb['recompiles in timing']} during the timed steps")
     print(f"{load()} (at end)")
 
 

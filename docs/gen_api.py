@@ -77,10 +77,12 @@ SECTIONS = [
       "DownloadError"]),
     ("hybridize, explain", "hybrid", "Tracing into a networkx graph, compiled per input "
      "signature (shapes, dtypes, devices, train/predict mode). A block seeing a second batch "
-     "size or sequence length runs a power-of-two shape bucket's graph on padded inputs "
-     "(a size above the largest bucket, HYBRID_BUCKET_ROWS: on pieces of its rows) "
-     "where that gives the same results (hybrid/buckets.py; `hybridize(static_shape=True)` "
-     "or HYBRID_BUCKETS=0 compile every size).",
+     "size or sequence length runs a shape bucket's graph on padded inputs where that gives "
+     "the same results (hybrid/buckets.py): on the LLVM backend one bucket whose programs "
+     "compute the real rows only serves every smaller size (HYBRID_ROW_BOUNDS); elsewhere "
+     "power-of-two buckets; a size above the largest bucket (HYBRID_BUCKET_ROWS) runs on "
+     "pieces of its rows (`hybridize(static_shape=True)` or HYBRID_BUCKETS=0 compile every "
+     "size).",
      ["hybridize", "explain", "TraceError"]),
     ("hybrid.nn: blocks", "hybrid.nn", "Gluon's vocabulary. Parameters are created lazily "
      "(deferred shapes) and initialized with `initialize(init, device=...)`.",

@@ -14,6 +14,20 @@ whose loop is most of the work, or a small model, serves lengths 10..50 from one
 a language model whose decoder is most of a large step takes the ladder's buckets (length 10
 in the 64-step bucket took 3.8x the exact graph's step).
 
+**Row bounds.** Along axis 0 a bucket's graph also reads the real size (``valid_rows``,
+its last input), and on the LLVM backend its programs - inference, and a training call's
+forward and backward - compute the real rows only, every kernel bounded or none
+(compiler/passes/row_bounds.py): then a padded call costs about its real size's work,
+and one bucket serves every smaller size. A family expected to take them (LLVM on a CPU;
+loops, 2-D products, gathers, counted scans over the axis; not yet convolutions or pooling)
+gets one bucket of at least ``BOUNDED_ROWS`` rows - the 64-step bucket where a scan counts
+the steps, whatever the rest costs - and later sizes the smallest bounded bucket that holds
+them: 40 MLP batch sizes take one bucket (2 compiles in all), a language model's lengths
+10..50 one (forward and backward). A family whose compiled bucket took no bounds keeps the
+ladder. Rows no program reads are left unfilled: an unrecorded call gives its program the
+real rows only (rounded up to the GEMM loops' row tile, those filled with copies), a
+training call's padded gradient its real rows. ``HYBRID_ROW_BOUNDS=0`` turns bounds off.
+
 A size above ``HYBRID_BUCKET_ROWS`` (512) runs that largest bucket's graph on consecutive
 pieces of its rows, the last one padded, and joins the pieces' results: a language model's
 loss over T*N tokens (320..1600 rows for lengths 10..50 at batch 32) takes one graph, not
@@ -41,12 +55,16 @@ from __future__ import annotations
 
 import bisect
 import json
+import math
+
+import numpy as np
 
 from compiler.ops import REGISTRY, Spec
 from compiler.passes.batch_axis import UNIFORM, batch_axes
 from compiler.passes.work import graph_work
 from runtime import config
 from runtime.executable import Executable, PartitionedExecutable
+from runtime.memory import host_pool
 
 from .ndarray import NDArray, _eager, array, concatenate
 from ._state import is_recording
@@ -222,9 +240,9 @@ class Bucketed:
         runs = []
         for k, (lo, hi) in enumerate(bounds):
             ins = [a if parts is None else parts[k] for a, parts in zip(leaves, split)]
-            if self.counted:
-                ins.append(array(_count(self.entry, hi - lo, self.padded), dtype="int64",
-                                 device=leaves[0].device))
+            if self.counted:  # (a recorded call's count is exact: its gradients sum rows)
+                n = hi - lo if is_recording() else _count(self.entry, hi - lo, self.padded)
+                ins.append(array(n, dtype="int64", device=leaves[0].device))
             outs, tree = flatten(_run(self.entry, ins, name))
             runs.append(outs)
         unread = bool(_bounded(self.entry))  # its backward reads no padded row either
@@ -255,10 +273,15 @@ class Bucketed:
         # rows the executable reads: below the count it is given, or all (no row bounds);
         # those past the real ones are copies of the last, the rest are never read
         count = _count(self.entry, size, padded)
+        # a row-bounded native program takes its padded inputs with only the rows below its
+        # count (no copy at all where the real size is a multiple of the GEMM's row tile)
+        short = exe.report.get("row_bounds") and axis == 0 and \
+            getattr(exe.run, "short_inputs", None)
+        rows = count if short else padded
         filled = count if exe.report.get("row_bounds") else padded
 
         def run(xp, inputs, params):
-            ins = [_pad_rows(xp, a, axis, padded, filled) if b else a
+            ins = [_pad_rows(xp, a, axis, rows, filled) if b else a
                    for a, b in zip(inputs, batched)]
             if counted:
                 ins.append(xp.asarray(count, dtype="int64"))
@@ -281,7 +304,10 @@ def _pad_rows(xp, a, axis: int, padded: int, filled: int):
     n = a.shape[axis]
     if n == padded:
         return a
-    out = xp.empty(a.shape[:axis] + (padded,) + a.shape[axis + 1:], a.dtype)
+    shape = a.shape[:axis] + (padded,) + a.shape[axis + 1:]
+    pool = host_pool() if xp is np else None  # recycled pages: no page faults per call
+    out = pool.empty(shape, a.dtype, math.prod(shape) * a.dtype.itemsize)[0] if pool else \
+        xp.empty(shape, a.dtype)
     lead = (slice(None),) * axis
     out[lead + (slice(0, n),)] = a
     if filled > n:
@@ -306,7 +332,7 @@ def _count(entry, n: int, padded: int) -> int:
     program wrote), at most ``padded``; exactly ``n`` where a scan counts the steps."""
     if getattr(entry, "scanned", False):
         return n
-    exe = entry.compiled_exe
+    exe = entry.compiled_exe  # (an unrecorded call's: a recorded call's count is exact)
     g = exe.report.get("row_granule", 1) if exe is not None else 1
     return min(padded, -(-n // g) * g)
 

@@ -193,6 +193,25 @@ def _twins(make):
     return a, b
 
 
+def _trains_in_one_bounded_bucket(make, xs, loss_of, rtol, atol):
+    """Twin nets trained on ``xs``, eagerly and hybridized: equal losses and gradients, the
+    first size compiled exactly and one bucket for the others, both halves of its training
+    graphs row-bounded. Returns (eager, hybrid)."""
+    eager, hybrid = _twins(make)
+    want = _train(eager, xs, loss_of)
+    hybrid.hybridize()
+    c0 = hb.num_compiles()
+    got = _train(hybrid, xs, loss_of)
+    for w, g in zip(want, got):
+        for a, b in zip(w, g):
+            np.testing.assert_allclose(b, a, rtol=rtol, atol=atol)
+    assert hb.num_compiles() - c0 == 4  # forward and backward, of each
+    (entry, _), = hybrid._cached.buckets.values()
+    (train,) = entry.train.values()
+    assert train[1].report["row_bounds"] and train[2].report["row_bounds"]
+    return eager, hybrid
+
+
 def test_training_steps_of_every_batch_size_run_one_bounded_bucket_equal_to_eager():
     def make():
         net = nn.HybridSequential()
@@ -201,19 +220,8 @@ def test_training_steps_of_every_batch_size_run_one_bounded_bucket_equal_to_eage
         return net
     rng = np.random.default_rng(2)
     xs = [hb.array(rng.standard_normal((b, 6)).astype("float32")) for b in (7, 1, 5, 33, 2, 64)]
-    eager, hybrid = _twins(make)
-    want = _train(eager, xs, lambda y: (y * y).sum())
-    hybrid.hybridize()
-    c0 = hb.num_compiles()
-    got = _train(hybrid, xs, lambda y: (y * y).sum())
-    for w, g in zip(want, got):
-        for a, b in zip(w, g):
-            np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)
     # 7 exactly (forward and backward), then one 64-row bucket for every other size
-    assert hb.num_compiles() - c0 == 4
-    (entry, _), = hybrid._cached.buckets.values()
-    (train,) = entry.train.values()
-    assert train[1].report["row_bounds"] and train[2].report["row_bounds"]
+    _trains_in_one_bounded_bucket(make, xs, lambda y: (y * y).sum(), 1e-4, 1e-5)
 
 
 def test_a_language_models_lengths_train_in_one_bounded_bucket_equal_to_eager():
@@ -235,20 +243,41 @@ def test_a_language_models_lengths_train_in_one_bounded_bucket_equal_to_eager():
         return net
     rng = np.random.default_rng(3)
     xs = [hb.array(rng.integers(0, 30, (t, 4)), dtype="int64") for t in (35, 10, 50, 23, 64)]
-    eager, hybrid = _twins(make)
-    want = _train(eager, xs, lambda y: (y * y).mean())
-    hybrid.hybridize()
-    c0 = hb.num_compiles()
-    got = _train(hybrid, xs, lambda y: (y * y).mean())
-    for w, g in zip(want, got):
-        for a, b in zip(w, g):
-            np.testing.assert_allclose(b, a, rtol=2e-4, atol=2e-5)
-    assert hb.num_compiles() - c0 == 4  # 35 exactly; one 64-step bucket for 10, 50, 23, 64
-    (entry, _), = hybrid._cached.buckets.values()
-    (train,) = entry.train.values()
-    assert train[1].report["row_bounds"] and train[2].report["row_bounds"]
+    # 35 exactly; one 64-step bucket for 10, 50, 23, 64
+    eager, hybrid = _trains_in_one_bounded_bucket(make, xs, lambda y: (y * y).mean(), 2e-4,
+                                                  2e-5)
     # and predicting: the same bucket's inference executable, equal to eager
     for t in (12, 40):
         x = hb.array(rng.integers(0, 30, (t, 4)), dtype="int64")
         np.testing.assert_allclose(hybrid(x).asnumpy(), eager(x).asnumpy(), rtol=1e-4,
                                    atol=1e-5)
+
+
+def test_a_bucket_that_predicted_then_trains_in_predict_mode_sums_the_real_rows_only():
+    """autograd.record(train_mode=False) keeps the predict-mode signature: its bucket has an
+    inference executable (given a count rounded up to the GEMM's row tile) and now trains
+    too, with the exact count (rows past it are gradient rows no one filled)."""
+    def make():
+        net = nn.HybridSequential()
+        net.add(nn.Dense(8, activation="tanh", in_units=5), nn.Dense(2, in_units=8))
+        net.initialize()
+        return net
+    rng = np.random.default_rng(4)
+    xs = [hb.array(rng.standard_normal((b, 5)).astype("float32")) for b in (3, 5, 11)]
+    eager, hybrid = _twins(make)
+    hybrid.hybridize()
+    for x in xs:  # predicting first: the bucket and its inference executable
+        np.testing.assert_allclose(hybrid(x).asnumpy(), eager(x).asnumpy(), rtol=1e-5,
+                                   atol=1e-6)
+
+    def train(net):
+        out = []
+        for x in xs:
+            with autograd.record(train_mode=False):
+                loss = (net(x) ** 2).sum()
+            loss.backward()
+            out.append([p.grad().asnumpy().copy() for p in net.collect_params().values()])
+        return out
+    for w, g in zip(train(eager), train(hybrid)):
+        for a, b in zip(w, g):
+            np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)

@@ -227,6 +227,10 @@ class NativeRun:
         self._arena_arg = ctypes.c_void_p(self.arena_ptr)
         self.lock = threading.Lock()
         self.inputs, self.params, self.outs, self.aliases = [], [], [], []
+        # inputs that may have fewer rows than their slot: a row-bounded program's padded
+        # inputs, of which it reads the rows below its count only (llvm/exec.py sets them;
+        # the caller hands at least that many: hybrid/buckets.py)
+        self.short_inputs = frozenset()
         self._keep = []
         for pos, (s, entry) in enumerate(zip(io_slots, binding.io)):
             slot = prog.slots[s]
@@ -322,14 +326,18 @@ class NativeRun:
     def _bind_inputs(self, io, inputs, keep):
         """Point ``io`` at the inputs' data; converted copies are appended to ``keep`` (alive
         until the call returns)."""
+        short = self.short_inputs
         for pos, i, shape, dt in self.inputs:
             a = inputs[i]
             # dtype identity: NumPy's built-in dtypes are singletons, and a miss only costs
             # the conversion check below, never a wrong pointer
             if type(a) is not np.ndarray or a.dtype is not dt or a.shape != shape or \
                     not a.flags.c_contiguous:
-                a = self._prep(a, (shape, dt))
-                keep.append(a)
+                if not (i in short and type(a) is np.ndarray and a.dtype is dt and
+                        a.shape[1:] == shape[1:] and a.shape[0] <= shape[0] and
+                        a.flags.c_contiguous):
+                    a = self._prep(a, (shape, dt))
+                    keep.append(a)
             io[pos] = data_address(a)
 
     def run_into(self, xp, inputs, targets) -> bool:

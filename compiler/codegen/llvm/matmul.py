@@ -218,12 +218,14 @@ def _bounded(eb: EB, step, attrs, dt, a_dt, b_dt, ta, tb, m, n, k, lda, ldb, wor
                            e.slot_ptr(so), n, pack=pack, part=part, row_tiles=own)
             run_workers(eb, plan.workers, block, spawn=work >= PARALLEL_MIN_WORK)
             return
-        workers = workers_for(max(m // GEMM_MIN_ROWS, 1), work, min_work=POOL_MIN_WORK)
+        thin = dt == a_dt == b_dt and thin_applies(dt, m, n, k, ta, tb)
+        workers = workers_for(m, work, min_work=THIN_MIN_WORK) if thin else \
+            workers_for(max(m // GEMM_MIN_ROWS, 1), work, min_work=POOL_MIN_WORK)
 
         def rows_block(e, w):  # BLAS (or GEMV rows) on the worker's share of the real rows
             lo, hi = worker_range(e, w, e.bounded(m), workers)
             with e.b.if_then(e.b.icmp_signed("<", lo, hi)):
-                if dt == a_dt == b_dt and thin_applies(dt, m, n, k, ta, tb):
+                if thin:
                     with for_range(e.b, hi, start=lo) as i:
                         gemv_rows(e, dt, n, k, e.slot_ptr(sa, e.mul(i, lda)), e.slot_ptr(sbb),
                                   ldb, e.slot_ptr(so, e.mul(i, n)), False)
