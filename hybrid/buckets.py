@@ -19,7 +19,7 @@ its last input), and on the LLVM backend its programs - inference, and a trainin
 forward and backward - compute the real rows only, every kernel bounded or none
 (compiler/passes/row_bounds.py): then a padded call costs about its real size's work,
 and one bucket serves every smaller size. A family expected to take them (LLVM on a CPU;
-loops, 2-D products, gathers, counted scans over the axis; not yet convolutions or pooling)
+loops, 2-D products, gathers, convolutions and pooling, counted scans over the axis)
 gets one bucket of at least ``BOUNDED_ROWS`` rows - the 64-step bucket where a scan counts
 the steps, whatever the rest costs - and later sizes the smallest bounded bucket that holds
 them: 40 MLP batch sizes take one bucket (2 compiles in all), a language model's lengths
@@ -79,8 +79,7 @@ LADDER = tuple(1 << k for k in range(13))  # 1, 2, 4, ... 4096: a few graphs, <=
 # one bucket of at least this many rows serves every smaller size (_rows_bucket)
 BOUNDED_ROWS = 64
 # library kernels that row_bounds.py does not bound (a bucket of them pads the ladder's way)
-_UNBOUNDED_OPS = ("conv2d", "conv2d_grad_data", "conv2d_grad_weight", "pool2d",
-                  "pool2d_grad", "argmax", "argmin")
+_UNBOUNDED_OPS = ("argmax", "argmin")
 
 
 # a size family whose padded axis a foreach scans (an RNN's time steps): the loop runs the
@@ -131,8 +130,8 @@ def _bounded(entry):
 
 def _boundable(first, axes) -> bool:
     """Whether a bucket of ``first``'s graph is expected to take row bounds: a CPU graph for
-    the LLVM backend of the kernels row_bounds.py bounds (loops, 2-D products, gathers),
-    whose loops are scans over the padded axis."""
+    the LLVM backend of the kernels row_bounds.py bounds (loops, 2-D products, gathers,
+    convolutions, pooling), whose loops are scans over the padded axis."""
     if first.backend != "llvm" or not str(first.device or "cpu").startswith("cpu") or \
             not config.get("HYBRID_ROW_BOUNDS"):
         return False

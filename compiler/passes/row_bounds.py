@@ -28,9 +28,11 @@ bucket's ``units`` of them in all. Understood steps:
   (X^T @ dY, a weight's gradient): ``k`` runs ``count * f`` rows, C is free of the batch;
 - a gather from a batch-free table by indices that carry the batch (an embedding): ``count
   * f`` indices; its gradient, the scatter of their rows into the table, the same; a pick
-  whose data and indices carry the batch on their leading rows: ``count * g`` of them.
+  whose data and indices carry the batch on their leading rows: ``count * g`` of them;
+- a convolution, its gradients and a pooling (NCHW) walk ``count * f`` images (a pooling
+  ``count * f * C`` planes); the weight's gradient sums them.
 
-Anything else touching the batch (a convolution, a pooling) leaves the Program unbounded.
+Anything else touching the batch (an argmax) leaves the Program unbounded.
 Pure: Program in, bounds out; tests run it without a device.
 """
 from __future__ import annotations
@@ -193,7 +195,36 @@ def _matmul(program, k: ExternKernel, unit, units):
     return None
 
 
-_EXTERNS = {"matmul": _matmul, "take": _gather, "take_grad": _gather, "pick": _pick}
+def _per_image(batched, free=(), summed=False, planes=False):
+    """A convolution or pooling (NCHW): its kernel walks images - planes of C channels for a
+    pooling - so it runs ``count * f`` of them (f images per unit) when the inputs at
+    ``batched`` carry the batch on their images and those at ``free`` do not; ``summed``:
+    its output sums over the images (a weight's gradient)."""
+    def rule(program, k, unit, units):
+        slots = [k.in_slots[i] for i in batched]
+        if any(s not in unit for s in slots) or any(k.in_slots[i] in unit for i in free):
+            return None
+        shape = program.slots[slots[0]].shape
+        n = shape[0] if shape else 0
+        if n == 0 or n % units:
+            return None
+        f = n // units
+        for s in slots:
+            sl = program.slots[s]
+            if sl.shape[0] != n or unit[s] != f * (sl.size // n):
+                return None
+        (so,) = k.out_slots
+        carried = {} if summed else {so: program.slots[so].size // units}
+        return (k.op,), f * shape[1] if planes else f, carried
+    return rule
+
+
+_EXTERNS = {"matmul": _matmul, "take": _gather, "take_grad": _gather, "pick": _pick,
+            "conv2d": _per_image((0,), free=(1,)),
+            "conv2d_grad_data": _per_image((0,), free=(1,)),
+            "conv2d_grad_weight": _per_image((0, 1), summed=True),
+            "pool2d": _per_image((0,), planes=True),
+            "pool2d_grad": _per_image((0, 1, 2), planes=True)}
 
 
 # ---------------------------------------------------------------- graphs that carry rows

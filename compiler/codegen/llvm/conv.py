@@ -41,6 +41,11 @@ from .matmul import gemm
 from .scalar import reg_type
 
 
+def _images(e, g):
+    """The images a worker split covers: all, or the real ones under a row bound."""
+    return e.bounded(g["n"]) if e.bound is not None else g["n"]
+
+
 def _im2col(eb, g, src, dt, src_dims, cols):
     """cols[(c, kh, kw), (oh, ow)] = src[c, oh*s + kh*d, ow*s + kw*d] for one image/group.
 
@@ -92,7 +97,7 @@ def _image_columns(e, g, step, lay, w, dt, x_slot, workers):
     inside the loop over images; the caller emits its GEMM per item. Forward and weight
     gradient share it."""
     _zero_pad_region(e, g, step, lay, w, dt)
-    lo, hi = worker_range(e, w, g["n"], workers)
+    lo, hi = worker_range(e, w, _images(e, g), workers)
     with for_range(e.b, hi, start=lo) as n:
         src, dims = _source(e, g, step, lay, w, dt, x_slot, n)
         for gi in range(g["groups"]):
@@ -136,7 +141,7 @@ def _conv2d_direct(eb: EB, step, g, dt, workers, lay):
     def work(e, w):
         xf, out = e.region(step, lay, w, "x"), e.region(step, lay, w, "out")
         e.fill(xf, dt, g["c"] * g["hp"] * g["wp"] + slack(g), 0)
-        lo, hi = worker_range(e, w, g["n"], workers)
+        lo, hi = worker_range(e, w, _images(e, g), workers)
         with for_range(e.b, hi, start=lo) as i:
             _to_padded(e, g, dt, _image(e, g, sx, i), xf)
             for o0 in range(0, o_, OBLOCK):
@@ -197,7 +202,7 @@ def _conv2d_grad_data(eb: EB, step, attrs):
 
     def work(e, w):
         cols = e.region(step, lay, w, "cols")
-        lo, hi = worker_range(e, w, g["n"], workers)
+        lo, hi = worker_range(e, w, _images(e, g), workers)
         with for_range(e.b, hi, start=lo) as n:
             img = _image(e, g, so, n)
             if padded:
@@ -287,7 +292,7 @@ def _grad_weight_direct(e: EB, step, g, dt, lay, w, workers, dw):
     tb = max(1, 12 // ob)
     accs = [e.entry_alloca(reg_type(dt)) for _ in range(ob * tb)]
     zero = e.sb.const(0.0, dt).v
-    lo, hi = worker_range(e, w, g["n"], workers)
+    lo, hi = worker_range(e, w, _images(e, g), workers)
     with for_range(b, hi, start=lo) as i:
         _to_padded(e, g, dt, _image(e, g, sx, i), xf)
         e.copy_nest([o_, g["oh"], g["ow"]], gf, dt, [flat, g["wp"], 1],

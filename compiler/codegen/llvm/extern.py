@@ -41,7 +41,9 @@ def extern_key() -> list:
 def emit_extern(mb, step: ExternKernel, fname: str, groups, bound=None) -> ir.Function:
     fn = kernel_function(mb, fname, groups)
     eb = EB(mb, fn, mb.program, groups, bound)
-    if bound is not None and step.op not in ("matmul", "take", "take_grad", "pick"):
+    if bound is not None and step.op not in ("matmul", "take", "take_grad", "pick", "conv2d",
+                                             "conv2d_grad_data", "conv2d_grad_weight",
+                                             "pool2d", "pool2d_grad"):
         raise KernelIRError(f"the LLVM backend bounds no {step.op!r} kernel by rows")
     emit = _EMITTERS.get(step.op)
     if emit is None:

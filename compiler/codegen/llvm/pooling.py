@@ -48,6 +48,11 @@ def _count(eb, g, dt, khr, kwr):
     return eb.sb.typed(Typed(b.sitofp(cnt, F32), "float32"), dt)
 
 
+def _planes(e, g):
+    """The planes a worker split covers: all, or the real images' under a row bound."""
+    return e.bounded(g["nc"]) if e.bound is not None else g["nc"]
+
+
 def _pool_workers(g):
     # a window element (load, compare or add, in scalar window loops) costs about as much as
     # 8 multiply-adds in BLAS: LeNet's first pooling (1.2M loads) takes 0.25 ms
@@ -67,7 +72,7 @@ def _pool2d(eb: EB, step, attrs):
     def work(e, w):
         b, sb = e.b, e.sb
         acc = e.entry_alloca(reg_type(dt))
-        lo, hi = worker_range(e, w, g["nc"], workers)
+        lo, hi = worker_range(e, w, _planes(e, g), workers)
         with for_range(b, hi, start=lo) as p:
             xplane = e.slot_ptr(sx, e.mul(p, g["h"] * g["w"]))
             oplane = e.slot_ptr(so, e.mul(p, g["oh"] * g["ow"]))
@@ -116,7 +121,7 @@ def _pool2d_grad(eb: EB, step, attrs):
     def work(e, w):
         b = e.b
         taken = e.entry_alloca(ir.IntType(1))
-        lo, hi = worker_range(e, w, g["nc"], workers)
+        lo, hi = worker_range(e, w, _planes(e, g), workers)
         with for_range(b, hi, start=lo) as p:
             xplane = e.slot_ptr(sx, e.mul(p, g["h"] * g["w"]))
             dplane = e.slot_ptr(so, e.mul(p, g["h"] * g["w"]))
