@@ -59,7 +59,7 @@ import math
 
 import numpy as np
 
-from compiler.ops import REGISTRY, Spec
+from compiler.ops import Spec
 from compiler.passes.batch_axis import UNIFORM, batch_axes
 from compiler.passes.work import graph_work
 from runtime import config
@@ -244,11 +244,11 @@ class Bucketed:
                 ins.append(array(n, dtype="int64", device=leaves[0].device))
             outs, tree = flatten(_run(self.entry, ins, name))
             runs.append(outs)
-        unread = bool(_bounded(self.entry))  # its backward reads no padded row either
+        # a training call's backward reads no padded row where every backward is bounded
+        unread = bool(self.entry.train) and all(t[8] for t in self.entry.train.values())
         outs = [parts[0] if ax is None else _join_rows(list(parts), ax, bounds, unread)
                 for parts, ax in zip(zip(*runs), self.out_axes)]
         return outs[0] if len(outs) == 1 and tree == ("a",) else unflatten(tree, outs)
-
 
     def _infer(self, leaves, name):
         """An unrecorded call: ONE compiled call that pads, runs the bucket's executable and
