@@ -218,12 +218,19 @@ def _trains_in_one_bounded_bucket(make, xs, loss_of, rtol, atol):
     return eager, hybrid
 
 
-def test_training_steps_of_every_batch_size_run_one_bounded_bucket_equal_to_eager():
+def _mlp(hidden, activation, in_units, outputs):
+    """A maker of initialized two-layer MLPs (one per call: _twins seeds them alike)."""
     def make():
         net = nn.HybridSequential()
-        net.add(nn.Dense(16, activation="relu", in_units=6), nn.Dense(3, in_units=16))
+        net.add(nn.Dense(hidden, activation=activation, in_units=in_units),
+                nn.Dense(outputs, in_units=hidden))
         net.initialize()
         return net
+    return make
+
+
+def test_training_steps_of_every_batch_size_run_one_bounded_bucket_equal_to_eager():
+    make = _mlp(16, "relu", 6, 3)
     rng = np.random.default_rng(2)
     xs = [hb.array(rng.standard_normal((b, 6)).astype("float32")) for b in (7, 1, 5, 33, 2, 64)]
     # 7 exactly (forward and backward), then one 64-row bucket for every other size
@@ -263,11 +270,7 @@ def test_a_bucket_that_predicted_then_trains_in_predict_mode_sums_the_real_rows_
     """autograd.record(train_mode=False) keeps the predict-mode signature: its bucket has an
     inference executable (given a count rounded up to the GEMM's row tile) and now trains
     too, with the exact count (rows past it are gradient rows no one filled)."""
-    def make():
-        net = nn.HybridSequential()
-        net.add(nn.Dense(8, activation="tanh", in_units=5), nn.Dense(2, in_units=8))
-        net.initialize()
-        return net
+    make = _mlp(8, "tanh", 5, 2)
     rng = np.random.default_rng(4)
     xs = [hb.array(rng.standard_normal((b, 5)).astype("float32")) for b in (3, 5, 11)]
     eager, hybrid = _twins(make)
