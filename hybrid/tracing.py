@@ -888,10 +888,16 @@ def explain_cache(cache: CachedFunction) -> str:
                 "pair(s))")
         lines.append(f"-- signature ({args}) [{mode}], backend {e.backend}, traced in "
                      f"{e.trace_seconds * 1e3:.1f} ms, {done}")
+        report = exe.report if exe is not None else {}
+        if hasattr(e, "pieces"):  # a size a shape bucket serves (hybrid/buckets.py)
+            bounded = report.get("row_bounds")
+            lines.append(f"   runs the shape bucket of {e.padded} rows" +
+                         (f" in {e.pieces} pieces" if e.pieces > 1 else "") +
+                         (f": its program computes the real rows only ({bounded} kernel(s) "
+                          "bounded)" if bounded else ": every padded row computed"))
         counts = e.graph.op_counts()
         lines.append("   nodes: " + ", ".join(f"{k}={v}" for k, v in sorted(counts.items())))
         lines.append(e.graph.format())
-        report = exe.report if exe is not None else {}
         if report.get("exe_cache"):
             lines.append(f"   passes: none run (executable cache hit: {report['exe_cache']})")
         for rep in report.get("passes", []):

@@ -157,6 +157,8 @@ def test_every_batch_size_up_to_the_bucket_runs_one_row_bounded_graph():
     buckets = [e for e, _ in net._cached.buckets.values()]
     assert sorted(e.rows["units"] for e in buckets) == [64, 128]
     assert all(e.compiled_exe.report["row_bounds"] > 0 for e in buckets)
+    text = hb.explain(net)  # and explain says so, per size
+    assert "runs the shape bucket of 64 rows: its program computes the real rows only" in text
 
 
 def test_a_graph_row_bounds_cannot_take_pads_the_ladders_way():
