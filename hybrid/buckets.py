@@ -520,7 +520,8 @@ def _build_bucket(cf, sig, family, padded, first, leaves, tree, args, kwargs):
                                 g.node(g.inputs[0])["device"])
         if axes.scans:
             _count_scans(g, axes.scans, valid)
-        if entry.counted and axis == 0 and config.get("HYBRID_ROW_BOUNDS"):
+        if entry.counted and axis == 0 and entry.backend == "llvm" and \
+                config.get("HYBRID_ROW_BOUNDS"):
             # its programs may compute the real rows only
             entry.rows = {"count": len(g.inputs) - 1, "units": padded, "batched": [
                 i for i, b in enumerate(family[2]) if b]}
