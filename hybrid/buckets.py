@@ -78,8 +78,6 @@ LADDER = tuple(1 << k for k in range(13))  # 1, 2, 4, ... 4096: a few graphs, <=
 # a family whose inference programs take row bounds costs the real rows whatever its bucket:
 # one bucket of at least this many rows serves every smaller size (_rows_bucket)
 BOUNDED_ROWS = 64
-# library kernels that row_bounds.py does not bound (a bucket of them pads the ladder's way)
-_UNBOUNDED_OPS = ("argmax", "argmin")
 
 
 # a size family whose padded axis a foreach scans (an RNN's time steps): the loop runs the
@@ -135,13 +133,16 @@ def _boundable(first, axes) -> bool:
     if first.backend != "llvm" or not str(first.device or "cpu").startswith("cpu") or \
             not config.get("HYBRID_ROW_BOUNDS"):
         return False
+    from compiler.codegen.kernel import EXTERN_OPS  # noqa: PLC0415 - not at import time
+    from compiler.passes.row_bounds import BOUNDED_EXTERNS  # noqa: PLC0415
+    unbounded = frozenset(EXTERN_OPS) - BOUNDED_EXTERNS  # (a bucket of them: the ladder)
     g = first.graph
     for n in g.op_nodes():
         op = g.op(n)
         if op == "matmul":
             if any(g.spec(a).ndim != 2 for a in g.arg_ids(n)):
                 return False
-        elif op in _UNBOUNDED_OPS or op in ("while_loop", "cond") or \
+        elif op in unbounded or op in ("while_loop", "cond") or \
                 op == "foreach" and n not in axes.scans:
             return False
     return True

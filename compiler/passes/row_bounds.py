@@ -37,6 +37,8 @@ Pure: Program in, bounds out; tests run it without a device.
 """
 from __future__ import annotations
 
+import math
+
 from ..codegen.kernel import ExternKernel, LoopKernel, matmul_operand_shapes
 
 
@@ -145,9 +147,7 @@ def _gather(program, k: ExternKernel, unit, units):
     ax = int(attrs.get("axis", 0)) % max(len(lead_shape), 1)
     if si not in unit or any(n != 1 for n in lead_shape[:ax]):
         return None
-    rest = 1
-    for n in lead_shape[ax + 1:]:
-        rest *= n
+    rest = math.prod(lead_shape[ax + 1:])
     f = unit[si]
     if k.op == "take":
         return (None if src in unit else (("take",), f, {so: f * rest}))
@@ -160,9 +160,7 @@ def _pick(program, k: ExternKernel, unit, units):
     (so,) = k.out_slots
     shape = program.slots[sx].shape
     ax = int(k.attr_dict.get("axis", -1)) % len(shape)
-    lead = 1
-    for n in shape[:ax]:
-        lead *= n
+    lead = math.prod(shape[:ax])
     if sx not in unit or si not in unit or ax == 0 or lead % units:
         return None
     g = lead // units
@@ -225,6 +223,7 @@ _EXTERNS = {"matmul": _matmul, "take": _gather, "take_grad": _gather, "pick": _p
             "conv2d_grad_weight": _per_image((0, 1), summed=True),
             "pool2d": _per_image((0,), planes=True),
             "pool2d_grad": _per_image((0, 1, 2), planes=True)}
+BOUNDED_EXTERNS = frozenset(_EXTERNS)  # the library kernels a target must bound
 
 
 # ---------------------------------------------------------------- graphs that carry rows

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
+from ...passes.row_bounds import BOUNDED_EXTERNS
 from .. import extern_plan
 from ..kernel import ExternKernel, KernelIRError
 from . import conv, gather, matmul, pooling
@@ -41,9 +42,7 @@ def extern_key() -> list:
 def emit_extern(mb, step: ExternKernel, fname: str, groups, bound=None) -> ir.Function:
     fn = kernel_function(mb, fname, groups)
     eb = EB(mb, fn, mb.program, groups, bound)
-    if bound is not None and step.op not in ("matmul", "take", "take_grad", "pick", "conv2d",
-                                             "conv2d_grad_data", "conv2d_grad_weight",
-                                             "pool2d", "pool2d_grad"):
+    if bound is not None and step.op not in BOUNDED_EXTERNS:
         raise KernelIRError(f"the LLVM backend bounds no {step.op!r} kernel by rows")
     emit = _EMITTERS.get(step.op)
     if emit is None:
