@@ -500,6 +500,71 @@ def test_pick_of_a_log_softmax_picks_before_the_subtractions(keepdims):
     np.testing.assert_array_equal(got, want)
 
 
+def test_a_saved_value_a_reduction_reads_is_stored_by_the_reduction_on_a_cpu_too():
+    """exp(x - max), saved for the backward and summed (a softmax cross-entropy's forward):
+    on a CPU graph too, by default, the sum's loop stores it (one pass over the rows, not
+    one that writes it and one that reads it back); an elementwise consumer still splits
+    there on a CPU. Results unchanged on the LLVM backend."""
+    from compiler.pipeline import compile as compile_graph
+    g, (x,) = _g((6, 9))
+    e = op(g, "exp", op(g, "sub", x, op(g, "max", x, axis=-1, keepdims=True)))
+    s = op(g, "sum", e, axis=-1, keepdims=True)
+    g.outputs = [s, e]
+    fused, report = fuse(g)
+    assert report["kernels"] == 2, report["summary"]  # the max, then exp and sum
+    (grp,) = [grp for grp in fused.meta["fusion"]["groups"] if grp["extra_outputs"]]
+    assert grp["kind"] == "reduce" and grp["extra_outputs"] == [e]
+    ins = [np.random.default_rng(2).standard_normal((6, 9)).astype(np.float32) * 5]
+    for want, got in zip(run_reference(g, ins), compile_graph(g, "llvm")(np, ins, [])):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    g2, (x2,) = _g((6, 9))  # an argmax keeps its input in a kernel of its own
+    e2 = op(g2, "exp", x2)
+    g2.outputs = [op(g2, "argmax", e2, axis=-1), e2]
+    assert fuse(g2)[1]["kernels"] == 2
+
+
+def _one_hot_sum(rows=5, depth=7, *, clipped=True, start=0, neg=True, axis_sum=1,
+                 keepdims=True):
+    """sum([-]where(clip(i) == arange, v, 0)): a pick's gradient summed along its axis (the
+    log-softmax backward of a softmax cross-entropy)."""
+    g = Graph("t")
+    i = g.add_input(Spec((rows,), "int64"), "i")
+    v = g.add_input(Spec((rows, 1), "float32"), "v")
+    pos = op(g, "reshape", op(g, "arange", start=start, stop=start + depth, step=1,
+                              dtype="int64"), shape=(1, depth))
+    idx = op(g, "clip", i, a_min=0, a_max=depth - 1) if clipped else i
+    hot = op(g, "where", op(g, "eq", op(g, "reshape", idx, shape=(rows, 1)), pos), v, 0.0)
+    if neg:
+        hot = op(g, "neg", hot)
+    g.outputs = [op(g, "sum", hot, axis=(axis_sum,), keepdims=keepdims)]
+    return g
+
+
+@pytest.mark.parametrize("neg", [True, False])
+@pytest.mark.parametrize("keepdims", [True, False])
+def test_the_sum_of_a_one_hot_is_its_one_value(neg, keepdims):
+    """Exactly one element per row is v (the index clipped into range, the positions
+    0..depth-1): the sum is v (+ 0.0, as the sum's zeros make of -0.0), and the one-hot
+    rows are no longer written and read back to be summed."""
+    g = _one_hot_sum(neg=neg, keepdims=keepdims)
+    out, rep = simplify(g)
+    assert rep["hits"].get("sum of a one-hot") == 1, rep["summary"]
+    assert not [n for n in out.op_nodes() if out.op(n) in ("sum", "where", "eq")]
+    ins = [np.array([0, 6, 3, 9, -2], np.int64),  # out of range clips, as pick does
+           np.array([[1.5], [-2.0], [np.inf], [np.nan], [3e-39]], np.float32)]
+    want, got = run_reference(g, ins)[0], run_reference(out, ins)[0]
+    assert got.shape == want.shape and got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("case", [dict(clipped=False), dict(start=1), dict(axis_sum=0)])
+def test_a_sum_that_is_not_of_a_one_hot_row_is_left_alone(case):
+    """An index that may fall outside (its row is all zeros), positions not from 0, or a
+    sum along another axis: no rewrite."""
+    out, rep = simplify(_one_hot_sum(**case))
+    assert "sum of a one-hot" not in rep["hits"]
+
+
 def test_pick_of_an_operand_broadcast_along_another_axis_is_left_alone():
     g = Graph("t")
     x = g.add_input(Spec((5, 7), "float32"), "x")

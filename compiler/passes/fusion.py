@@ -75,21 +75,25 @@ def materialization(graph: Graph):
 
 def stored_in_consumer(graph: Graph, must) -> dict:
     """{node: its consumer}: elementwise values in memory only because they are graph
-    outputs, whose one consumer is an elementwise op of the same shape on the same device
-    (one of STORED_IN_CONSUMER_ON). Such a value is computed in its consumer's loop and
-    stored there as an extra output: one kernel instead of one that writes it and one that
-    reads it back."""
+    outputs, whose one consumer on the same device is an elementwise op of the same shape
+    (on a device of STORED_IN_CONSUMER_ON) or a reduction of it (on any device: its loop
+    body stays short; a softmax cross-entropy's exp, saved for the backward and summed).
+    Such a value is computed in its consumer's loop and stored there as an extra output:
+    one kernel instead of one that writes it and one that reads it back."""
     out = {}
     for n, why in must.items():
-        if why != "graph output" or _kind(graph, n) != "elementwise" or \
-                not str(graph.node(n)["device"]).startswith(STORED_IN_CONSUMER_ON):
+        if why != "graph output" or _kind(graph, n) != "elementwise":
             continue
         users = graph.users(n)
         if len(users) != 1:
             continue
         (u,) = users
-        if _kind(graph, u) == "elementwise" and graph.spec(u).shape == graph.spec(n).shape and \
-                graph.node(u)["device"] == graph.node(n)["device"]:
+        if graph.node(u)["device"] != graph.node(n)["device"]:
+            continue
+        ukind = _kind(graph, u)
+        if ukind == "elementwise" and graph.spec(u).shape == graph.spec(n).shape and \
+                str(graph.node(n)["device"]).startswith(STORED_IN_CONSUMER_ON) or \
+                ukind == "reduce" and graph.op(u) not in ("argmax", "argmin"):
             out[n] = u
     return out
 

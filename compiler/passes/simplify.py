@@ -240,6 +240,87 @@ def _pick_of_elementwise(graph, n):
     return graph.add_op("reshape", [NodeRef(out)], {"shape": graph.spec(n).shape}, where, dev)
 
 
+def _through_reshapes(graph, n):
+    while graph.op(n) == "reshape":
+        (n,) = graph.arg_ids(n)
+    return n
+
+
+def _positions_along(graph, n, axis, shape) -> bool:
+    """``n`` is arange(0, shape[axis]) laid along ``axis`` of ``shape`` (1 elsewhere)."""
+    s = graph.spec(n).shape
+    want = tuple(shape[axis] if d == axis else 1 for d in range(len(shape)))
+    if tuple((1,) * (len(shape) - len(s)) + tuple(s)) != want:
+        return False
+    src = _through_reshapes(graph, n)
+    a = graph.node(src)["attrs"]
+    return graph.op(src) == "arange" and graph.spec(src).shape == (shape[axis],) and \
+        a.get("start", 0) == 0 and a.get("step", 1) == 1
+
+
+def _index_within(graph, n, axis, shape) -> bool:
+    """``n`` is an integer index of shape 1 along ``axis``, clipped to [0, shape[axis])."""
+    s = graph.spec(n).shape
+    if len(s) != len(shape) or s[axis] != 1:
+        return False
+    src = _through_reshapes(graph, n)
+    a = graph.node(src)["attrs"]
+    return graph.op(src) == "clip" and a.get("a_min") == 0 and \
+        a.get("a_max") == shape[axis] - 1 and not graph.spec(src).dtype.startswith("float")
+
+
+def _sum_of_one_hot(graph, n):
+    """sum([-]where(index == positions, v, 0), axis) -> [-]v + 0.0 (v broadcast to the
+    result): along the axis exactly one element is v (the index is clipped into range and
+    the positions are 0..n-1), the rest are zeros, so the sum is that element. A softmax
+    cross-entropy's gradient sums the pick's one-hot gradient for the log-softmax's
+    backward; it then no longer writes the one-hot rows out to read them back. ``+ 0.0``:
+    the sum's zeros turn a -0.0 element into +0.0."""
+    if graph.op(n) != "sum":
+        return None
+    (x,) = graph.arg_ids(n)
+    shape = graph.spec(x).shape
+    axes = graph.node(n)["attrs"].get("axis")
+    if axes is None or not shape:
+        return None
+    axes = [a % len(shape) for a in ((axes,) if isinstance(axes, int) else axes)]
+    if len(axes) != 1:
+        return None
+    (axis,) = axes
+    negate = graph.op(x) == "neg"
+    hot = graph.arg_ids(x)[0] if negate else x
+    if graph.op(hot) != "where":
+        return None
+    cond, v, zero = graph.args(hot)
+    if not (isinstance(cond, NodeRef) and isinstance(v, NodeRef)) or \
+            isinstance(zero, NodeRef) or zero != 0 or graph.op(cond.id) != "eq":
+        return None
+    out_spec = graph.spec(n)
+    vs = graph.spec(v.id)
+    if graph.spec(hot).shape != shape or vs.dtype != out_spec.dtype or \
+            graph.spec(hot).dtype != vs.dtype or not vs.dtype.startswith("float"):
+        return None
+    kshape = tuple(1 if d == axis else shape[d] for d in range(len(shape)))
+    vpad = (1,) * (len(shape) - len(vs.shape)) + tuple(vs.shape)
+    if vpad[axis] != 1:
+        return None
+    p, q = graph.arg_ids(cond.id)
+    if not any(_index_within(graph, i, axis, shape) and _positions_along(graph, j, axis, shape)
+               for i, j in ((p, q), (q, p))):
+        return None
+    where, dev = graph.node(n).get("where"), graph.node(n)["device"]
+    out = v.id
+    if negate:
+        out = graph.add_op("neg", [NodeRef(out)], {}, where, dev)
+    out = graph.add_op("add", [NodeRef(out), 0.0], {}, where, dev)
+    if vpad != kshape:
+        out = graph.add_op("broadcast_to", [NodeRef(out)], {"shape": kshape}, where, dev)
+    if tuple(out_spec.shape) != graph.spec(out).shape:
+        out = graph.add_op("reshape", [NodeRef(out)], {"shape": tuple(out_spec.shape)}, where,
+                           dev)
+    return out
+
+
 RULES = [
     ("x*1", _identity_binary("mul", 1, 1)),
     ("1*x", _identity_binary("mul", 1, 0)),
@@ -257,6 +338,7 @@ RULES = [
     ("broadcast to same shape", _broadcast_noop),
     ("sum of disjoint slice_scatters", _scatter_sum),
     ("pick of elementwise", _pick_of_elementwise),
+    ("sum of a one-hot", _sum_of_one_hot),
 ]
 
 
