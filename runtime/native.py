@@ -117,6 +117,20 @@ def _make_tm(opt: int = 3, cpu: str | None = None, features: str | None = None):
         cpu=cpu, features=features, opt=opt, jit=True)
 
 
+# LLVM vectorizes loops 256 bits wide on Intel's AVX-512 cores (their "prefer-256-bit"
+# tuning, against the clock drop of 512-bit work). The generated GEMM loops run 512-bit FMAs
+# anyway, so the other loops go 512 wide too: the LSTM language model's gates and softmax
+# passes took 10-25% less time (2-vCPU Xeon), its training step ~0.5 ms of ~21.
+WIDE_VECTORS = "-prefer-256-bit"
+
+
+def _host_features(llvm) -> str:
+    features = llvm.get_host_cpu_features().flatten()
+    if "+avx512f" in features.split(","):
+        features += "," + WIDE_VECTORS
+    return features
+
+
 def target():
     """(llvm module, target machine, info dict) for this host, created once."""
     if _target:
@@ -127,7 +141,7 @@ def target():
             llvm.initialize_native_target()
             llvm.initialize_native_asmprinter()
             cpu = llvm.get_host_cpu_name()
-            features = llvm.get_host_cpu_features().flatten()
+            features = _host_features(llvm)
             tm = _make_tm(3, cpu, features)
             import llvmlite  # noqa: PLC0415
             tm_quick = _make_tm(0, cpu, features)
@@ -226,7 +240,7 @@ def _host_fingerprint() -> str | None:
     if not fields or not libs:
         return None
     st = libs[0].stat()
-    text = json.dumps([FORMAT, sorted(fields), machine, llvmlite.__version__,
+    text = json.dumps([FORMAT, WIDE_VECTORS, sorted(fields), machine, llvmlite.__version__,
                        libs[0].name, st.st_size, st.st_mtime_ns])
     return hashlib.sha256(text.encode()).hexdigest()
 

@@ -175,7 +175,8 @@ def spin_program(n_outer=4000):
 
 
 def test_native_calls_release_the_gil():
-    compiled = compile_program(spin_program(1500), "spin")
+    # ~13 ms a call: long enough to see threads overlap (512-bit vectors made 1500 rows 5 ms)
+    compiled = compile_program(spin_program(4000), "spin")
     compiled.set_threads(1)  # one thread per call: the overlap below is between two callers
     runner = compiled.runner()
     runner()
