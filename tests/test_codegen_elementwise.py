@@ -292,6 +292,39 @@ def test_strided_accesses():
         np.testing.assert_allclose(g, w, rtol=1e-6)
 
 
+@pytest.mark.parametrize("shape, axes", [
+    ((256, 1024), (1, 0)),      # a weight's transpose, split across threads
+    ((37, 53), (1, 0)),         # tails along both axes
+    ((16, 16), (1, 0)),         # one block
+    ((15, 40), (1, 0)),         # fewer rows than a block: element by element
+    ((3, 40, 70), (0, 2, 1)),   # an outer level around the blocks
+    ((40, 3, 70), (2, 1, 0)),   # the contiguous level not next to the innermost
+    ((256, 32, 32), (1, 0, 2)),  # moving whole rows: no transpose in registers
+])
+def test_transposing_copies_match_numpy(shape, axes):
+    """A copy that loads along one level and stores along another runs in blocks
+    transposed in registers (emit.LoopEmitter._transpose_plan): every element lands where
+    NumPy puts it, for NaN, -0.0 and subnormal payloads too, with and without tails."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(shape).astype(np.float32)
+    x.flat[:4] = [np.nan, -0.0, 1e-40, np.inf]
+    want = np.ascontiguousarray(np.transpose(x, axes))
+    pb = ProgramBuilder()
+    sx = pb.input(shape)
+    so = pb.output(want.shape)
+    in_strides = [s // 4 for s in x.strides]
+    pb.loop(want.shape, [Access(sx, tuple(in_strides[a] for a in axes))],
+            [Output(pb.access(so), Load(0))])
+    prog = pb.build()
+    (got,) = run_program(compile_program(prog, f"transpose_{shape}_{axes}"), [x])
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    from compiler.codegen.extern_plan import vector_lanes
+    from compiler.codegen.llvm.emit import emit_ir
+    lanes = vector_lanes("float32")  # blocks: both levels at least this long
+    blocks = axes[-1] != len(shape) - 1 and min(shape[axes[-1]], shape[-1]) >= lanes
+    assert ("shufflevector" in emit_ir(prog, "t")) == blocks, (shape, axes)
+
+
 def test_in_place_and_arena_reuse():
     """Two arena slots at one offset (the planner's reuse): y = relu(exp(x)) in place."""
     x = data("float32", (100,))

@@ -30,36 +30,10 @@ from llvmlite import ir
 from ..extern_plan import panel_cols, panels, tile_rows, vector_lanes
 from .emit import for_range
 from .scalar import F32, I1, I32
+from .shuffles import transpose_block
 
 # Which products these loops take, their tile sizes (MR = tile_rows(), NR = panel_cols()) and
 # the scratch of a worker (pack_bytes, strip_bytes) are the matmul plan's: extern_plan.py.
-
-
-def _transpose(b, rows, lanes):
-    """rows: `lanes` vectors of `lanes` floats (a square block); returns its transpose, by
-    log2(lanes) rounds of two-input shuffles that swap the off-diagonal halves of every block
-    (16 x 16: 64 shuffles, one per cycle)."""
-    cur = list(rows)
-    bs = lanes
-    while bs > 1:
-        half = bs // 2
-        lo_mask, hi_mask = [], []
-        for blk in range(lanes // bs):
-            base = blk * bs
-            lo_mask += [base + t for t in range(half)] + [lanes + base + t for t in range(half)]
-            hi_mask += [base + half + t for t in range(half)] + \
-                [lanes + base + half + t for t in range(half)]
-        lo_c = ir.Constant(ir.VectorType(I32, lanes), lo_mask)
-        hi_c = ir.Constant(ir.VectorType(I32, lanes), hi_mask)
-        nxt = list(cur)
-        for g in range(0, lanes, bs):
-            for r in range(g, g + half):
-                x, y = cur[r], cur[r + half]
-                nxt[r] = b.shuffle_vector(x, y, lo_c)
-                nxt[r + half] = b.shuffle_vector(x, y, hi_c)
-        cur = nxt
-        bs = half
-    return cur
 
 
 class _Kernel:
@@ -137,7 +111,7 @@ class _Kernel:
                             rows.append(b.load(src, typ=self.vty, align=4))
                         else:
                             rows.append(self.zero)
-                    for t, col in enumerate(_transpose(b, rows, L)):
+                    for t, col in enumerate(transpose_block(b, rows, L)):
                         dst = eb.gep(self.pack, "float32",
                                      eb.add(eb.mul(eb.add(k0, t), self.nr), h * L))
                         b.store(col, dst, align=4)
