@@ -155,6 +155,78 @@ def test_long_op_path_chosen_by_the_trial_gives_the_same_result(monkeypatch, in_
     np.testing.assert_allclose(z.asnumpy(), a @ w, rtol=1e-5, atol=1e-4)
 
 
+def _dense_by_ops(layer, x):
+    """What the eager Dense computes op by op: npx.fully_connected, then its activation."""
+    from hybrid import npx
+    b = layer.bias.data() if layer.bias is not None else None
+    y = npx.fully_connected(x, layer.weight.data(), b, no_bias=b is None)
+    return npx.activation(y, act_type=layer.act._act_type) if layer.act is not None else y
+
+
+@pytest.mark.parametrize("act, use_bias", [("relu", True), ("sigmoid", False),
+                                           ("tanh", True), (None, True), ("gelu", True)])
+def test_an_eager_dense_is_one_call_with_its_ops_bits(act, use_bias):
+    """An unrecorded eager Dense on an idle CPU runs its product, bias and activation in one
+    call (hybrid.ndarray.eager_linear: no array per op), with the very kernels of those ops
+    in their order: the same bits. A composite activation (gelu) keeps its own ops."""
+    from hybrid import nn
+    rng = np.random.default_rng(5)
+    layer = nn.Dense(7, activation=act, use_bias=use_bias, in_units=5)
+    layer.initialize()
+    for batch in (1, 3):
+        x = hb.array(rng.standard_normal((batch, 5)).astype(np.float32) * 3)
+        want = _dense_by_ops(layer, x).asnumpy()  # (the ops' signatures seen: now fused)
+        hb.waitall()
+        calls = []
+        orig = hb.ndarray._made_here
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(hb.ndarray, "_made_here", lambda *a: calls.append(a[0]) or orig(*a))
+            got = layer(x).asnumpy()
+        np.testing.assert_array_equal(got, want)
+        assert bool(calls) == (act == "gelu"), calls  # an array made per op: not fused
+
+
+def test_an_eager_dense_takes_its_ops_path_where_they_would_not_run_here():
+    """Recording (the tape needs each op), a first signature (inference checks it), an
+    input not computed yet (the engine orders it), a 3-D input, or a hook on the activation:
+    the layer's ops run as before, and give the same values."""
+    from hybrid import nn
+    rng = np.random.default_rng(6)
+    layer = nn.Dense(4, activation="relu", in_units=6)
+    layer.initialize()
+    x = hb.array(rng.standard_normal((2, 6)).astype(np.float32))
+    first = layer(x).asnumpy()  # first signature: the ops' own path
+    np.testing.assert_array_equal(first, _dense_by_ops(layer, x).asnumpy())
+    x.attach_grad()
+    with autograd.record():
+        y = layer(x)
+    y.backward()
+    assert x.grad is not None and np.abs(x.grad.asnumpy()).sum() > 0
+    seen = []
+    layer.act.register_forward_hook(lambda blk, args, out: seen.append(out.shape))
+    np.testing.assert_array_equal(layer(x).asnumpy(), first)
+    assert seen == [(2, 4)], "the activation's hook ran"
+    x3 = hb.array(rng.standard_normal((2, 2, 3)).astype(np.float32))
+    np.testing.assert_array_equal(layer(x3).asnumpy(),
+                                  layer(x3.reshape((2, 6))).asnumpy())
+    from hybrid.ndarray import eager_linear
+    w, b = layer.weight.data(), layer.bias.data()
+    hb.waitall()
+    assert eager_linear(x, w, b, "relu") is not None
+    gate = __import__("threading").Event()
+    slow = hb.NDArray(engine_mod_buffer(), (2, 6), "float32", x.device)
+    engine_mod.get_engine().push(
+        lambda: (gate.wait(5), setattr(slow._buf, "data", x.asnumpy())), (),
+        (slow._buf.var,), x.device, "slow")
+    try:
+        assert eager_linear(slow, w, b, "relu") is None  # pending input
+        assert eager_linear(x, w, b, "relu") is None  # the device is busy: ops queue in order
+        y = layer(slow)
+    finally:
+        gate.set()
+    np.testing.assert_array_equal(y.asnumpy(), first)
+
+
 def test_computed_buffer_makes_its_var_on_demand():
     """An op run in the caller makes no engine Var; waits and later engine ops reading the
     value (a pending op's output depends on it) still work, and a pending buffer has one."""

@@ -13,7 +13,7 @@ import math
 from compiler.ops import composite as _c
 
 from .. import npx
-from ..ndarray import F
+from ..ndarray import F, eager_linear
 from .block import HybridBlock
 from .parameter import Parameter
 
@@ -43,6 +43,18 @@ def _float_input(layer, x, param):
 
 def _opt_act(activation):
     return Activation(activation) if activation is not None else None
+
+
+def _fused_act(act):
+    """The op an eager Dense may apply in its own fused call (None: no activation), or
+    False: the activation block runs as a block (a composite activation, a hook on it, or
+    hybridized on its own)."""
+    if act is None:
+        return None
+    if act._act_type not in ("relu", "sigmoid", "tanh") or act._forward_pre_hooks or \
+            act._forward_hooks or act._active:
+        return False
+    return act._act_type
 
 
 class Activation(HybridBlock):
@@ -113,9 +125,14 @@ class Dense(HybridBlock):
         dev = getattr(x, "device", None)  # None: a traced value without one
         if bias is not None:
             bias = bias.data(dev)
-        out = npx.fully_connected(x, weight.data(dev), bias, no_bias=bias is None,
-                                  flatten=self._flatten)
+        wd = weight.data(dev)
         act = self.act
+        fast = _fused_act(act)
+        if fast is not False:  # one eager op where the layer's ops would run here anyway
+            out = eager_linear(x, wd, bias, fast)
+            if out is not None:
+                return out
+        out = npx.fully_connected(x, wd, bias, no_bias=bias is None, flatten=self._flatten)
         return act(out) if act is not None else out
 
     def __repr__(self):
