@@ -393,14 +393,30 @@ def _observed(snapshot):
     yield x
 
 
+# How far from float64 a hybridized float32 value may be, at most, against the worst error of
+# eager float32 in the same array: both rounding of one ill-conditioned computation
+ROUNDING_FACTOR = 4.0
+
+
 def _ill_conditioned(eager, hybrid, eager64) -> bool:
     """Every element where the float32 runs differ past the tolerance is one where eager
-    float32 is at least half as far from eager float64 as from the hybridized run."""
+    float32 is at least half as far from eager float64 as from the hybridized run, or where
+    the hybridized run is within ROUNDING_FACTOR of eager float32's worst distance from
+    float64 in that array. The second: both runs carry float32 rounding of an
+    ill-conditioned value, in different directions (a BatchNorm of values ~2e4 that differ
+    by ~2, where one ulp is 0.1% of the spread: eager 0.0022 from float64, hybridized 0.0034;
+    found by the slow run: three loops, then a BatchNorm). A zeroed or wrong value is as far
+    from float64 as the value itself: never within a few rounding errors."""
     for e_call, h_call, t_call in zip(eager[:-1], hybrid[:-1], eager64[:-1]):
         for e, h, t in zip(_observed(e_call), _observed(h_call), _observed(t_call)):
             e, h, t = (np.asarray(a, np.float64) for a in (e, h, t))
             apart = np.abs(h - e) > ATOL + RTOL * np.abs(e)
-            if np.any(apart & ~(np.abs(e - t) >= 0.5 * np.abs(e - h))):
+            if not np.any(apart):
+                continue
+            eager_err = np.abs(e - t).max()
+            rounding = (np.abs(e - t) >= 0.5 * np.abs(e - h)) | \
+                (np.abs(h - t) <= ROUNDING_FACTOR * eager_err + ATOL)
+            if np.any(apart & ~rounding):
                 return False
     return True
 
@@ -456,6 +472,13 @@ FOUND = [
     Program(batch=4, width=5, steps=[("loop", 50.0), ("dropout", 0.5), ("shared",),
                                      ("loop", 0.5), ("loop", 0.5)],
             scalar_arg=None, later=[], calls=["train"], backend="llvm", sizes=None),
+    # three loops grow the values to ~2e4 with a spread of ~2, then a BatchNorm subtracts
+    # their mean: one float32 ulp (0.002) is 0.1% of what is left, eager and hybridized
+    # float32 round it in different directions (each ~0.002-0.003 from float64, where they
+    # agree to 4e-12): _ill_conditioned's rounding factor
+    Program(batch=2, width=4, steps=[("loop", 3.3), ("loop", 0.5), ("loop", 0.5),
+                                     ("batchnorm",)],
+            scalar_arg=None, later=[], calls=["train"], backend="llvm", sizes=[5]),
 ]
 
 
