@@ -117,14 +117,30 @@ class NDArray:
     # ------------------------------------------------------------ sync points
     def wait_to_read(self, timeout: float | None = None):
         """Block until this array's value is computed (raises if its computation failed)."""
+        if self._computed_here():
+            return self
         _engine_mod.get_engine().wait(self._buf.var, timeout)
         if self.device.kind != "cpu":  # its op is done once queued: wait for the GPU too
             self.device.synchronize(timeout)
         return self
 
     def _raw(self):
-        _engine_mod.get_engine().wait(self._buf.var)
+        if not self._computed_here():
+            _engine_mod.get_engine().wait(self._buf.var)
         return self._buf.data
+
+    def _computed_here(self) -> bool:
+        """A CPU array whose buffer was made with its data (an op run in the caller, an
+        upload) and never had a Var asked for: no engine op writes it, so a wait has nothing
+        to wait for (the book's synchronous ``y = x + 1`` loop: ~0.3 us of ~2.5 per op). It
+        still counts as the front end's sync point (the dispatch trial reads the count)."""
+        buf = self._buf
+        if buf._var is not None or buf.data is None or self.device.kind != "cpu":
+            return False
+        eng = _engine_mod._engine
+        if eng is not None:
+            eng.sync_points += 1
+        return True
 
     def asnumpy(self) -> np.ndarray:
         # on a GPU, the seam's device->host copy: ordered after the kernels writing the data

@@ -235,10 +235,13 @@ def test_computed_buffer_makes_its_var_on_demand():
     x.wait_to_read()
     y = x + 1
     assert y._buf._var is None
-    y.wait_to_read()  # makes it
-    assert y._buf._var is not None and y._buf.var is y._buf.var
-    assert Buffer()._var is not None
     eng = engine_mod.get_engine()
+    syncs = eng.sync_points
+    y.wait_to_read()  # nothing to wait for: no Var made, still a sync point
+    assert y._buf._var is None and eng.sync_points == syncs + 1
+    np.testing.assert_array_equal(y.asnumpy(), np.full((2, 2), 2, np.float32))
+    assert y._buf.var is y._buf.var  # made when asked for
+    assert Buffer()._var is not None
     gate = __import__("threading").Event()
     slow = hb.NDArray(Buffer(), (2, 2), "float32", x.device)
     eng.push(lambda: (gate.wait(5), setattr(slow._buf, "data", np.full((2, 2), 3,
