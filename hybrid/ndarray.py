@@ -636,56 +636,101 @@ def _matrix_transpose(a, attrs):
 
 
 def eager_linear(x, weight, bias, act=None):
-    """``act(x @ weight.T + bias)`` (bias and act optional; act an activation op's name) as
-    the separate eager ops compute it — the same kernels, in the same order, in the caller —
-    returning one array instead of one per op: a Dense layer at batch 1 is four eager ops
-    of ~3 us dispatch each, PyTorch's Linear one. Only where each of those ops would run in
-    the caller anyway: outside a trace and autograd recording, on an idle CPU device, with
-    computed 2-D operands and signatures the ops have already seen (and found short). None
-    otherwise: the caller takes the ops' own path, which infers, checks and reports."""
-    if _local.trace is not None or _local.recording or type(x) is not NDArray or \
-            type(weight) is not NDArray:
+    """``act(x @ weight.T + bias)`` (bias and act optional; act 'relu', 'sigmoid' or
+    'tanh') as one eager op where the layer's separate ops would each be one: a Dense layer
+    is four eager ops of ~3 us dispatch each (and four tape nodes under ``record()``),
+    PyTorch's Linear one. The same kernels those ops run, in their order, so the same bits:
+    in the caller when the operands are computed and the device idle (a long product only
+    where the device's dispatch trial runs it there), else one engine op. Recorded as one
+    tape node whose backward is the ops' own gradient rules, fewer ops (the product's
+    transposes cancel: dW = g^T x). Only for CPU 2-D operands outside a trace, with the
+    ops' signatures already inferred (their first call checks them); None otherwise: the
+    caller takes the ops' own path."""
+    if _local.trace is not None or type(x) is not NDArray or type(weight) is not NDArray:
         return None
     device = x.device
-    if device.kind != "cpu" or weight.device != device or \
-            bias is not None and (type(bias) is not NDArray or bias.device != device):
-        return None
-    xd, wd = x._buf.data, weight._buf.data
-    bd = bias._buf.data if bias is not None else None
-    if xd is None or wd is None or bias is not None and bd is None or xd.ndim != 2 or \
-            wd.ndim != 2:
+    if device.kind != "cpu" or weight.device != device or len(x.shape) != 2 or \
+            len(weight.shape) != 2 or bias is not None and (
+                type(bias) is not NDArray or bias.device != device):
         return None
     eng = _engine_mod._engine
     if eng is None or not eng.inline or eng._broken:
         return None
-    w = eng._workers.get(device)
-    if w is not None and (w.active or w.queue):
-        return None
     xdt, wdt = x._dtype, weight._dtype
-    mm = _infer_get(("matmul", xd.shape, xdt, wd.shape[::-1], wdt, ()))
-    if mm is None or not mm[1]:
+    mm = _infer_get(("matmul", x.shape, xdt, weight.shape[::-1], wdt, ()))
+    if mm is None:
         return None
     (spec,) = mm[0]
-    steps = [(mm[2], (wd.T,))]
+    steps = [mm]
     if bias is not None:
-        add = _infer_get(("add", spec.shape, spec.dtype, bd.shape, bias._dtype, ()))
+        add = _infer_get(("add", spec.shape, spec.dtype, bias.shape, bias._dtype, ()))
         if add is None or not add[1]:
             return None
         (spec,) = add[0]
-        steps.append((add[2], (bd,)))
+        steps.append(add)
     if act is not None:
         fn = _infer_get((act, spec.shape, spec.dtype, ()))
         if fn is None or not fn[1]:
             return None
         (spec,) = fn[0]
-        steps.append((fn[2], ()))
-    y = xd
-    try:
-        for kernel, rest in steps:
-            y = kernel(_np, [y, *rest], _NO_ATTRS)[0]
-    except Exception:  # noqa: BLE001 - the ops' own path reports it, with their names
-        return None
-    return NDArray(Buffer(y), spec.shape, spec.dtype, device)
+        steps.append(fn)
+    kernels = tuple(e[2] for e in steps)
+    bufs = (x._buf, weight._buf) + ((bias._buf,) if bias is not None else ())
+    out = None
+    if all(b.data is not None for b in bufs):
+        w = eng._workers.get(device)
+        if (w is None or not w.active and not w.queue) and (
+                mm[1] or _long_in_caller(mm, device, eng)):
+            try:
+                y = _linear_chain(kernels, [b.data for b in bufs])
+            except Exception:  # noqa: BLE001 - the ops' own path reports it, with its names
+                return None
+            out = NDArray(Buffer(y), spec.shape, spec.dtype, device)
+    if out is None:  # one engine op, after the ops writing the operands
+        out = NDArray(Buffer(), spec.shape, spec.dtype, device)
+        ob = out._buf
+        eng.push(_partial(_run_linear, kernels, bufs, ob), tuple(b.var for b in bufs),
+                 (ob.var,), device, "dense", user_frame(2), mm[1])
+    if _local.recording:
+        _record_linear(x, weight, bias, act, out)
+    return out
+
+
+def _linear_chain(kernels, data):
+    x, w = data[0], data[1]
+    y = kernels[0](_np, [x, w.T], _NO_ATTRS)[0]
+    if len(data) > 2:
+        y = kernels[1](_np, [y, data[2]], _NO_ATTRS)[0]
+    if len(kernels) > len(data) - 1:  # the activation
+        y = kernels[-1](_np, [y], _NO_ATTRS)[0]
+    return y
+
+
+def _run_linear(kernels, bufs, ob):
+    ob.data = _linear_chain(kernels, [b.data for b in bufs])
+
+
+def _record_linear(x, weight, bias, act, out):
+    """One tape node for eager_linear's output. Its backward: the activation's own rule,
+    then what the recorded product, its W.T and the bias add give: dx = g @ W, dW = g^T @ x
+    (the product's rule for a transposed operand, transposed back by the transpose's), and
+    db = g summed over the rows."""
+    from .autograd import _needs_grad, record_custom  # noqa: PLC0415 - autograd imports us
+    inputs = [x, weight] + ([bias] if bias is not None else [])
+    needs = [_needs_grad(a) for a in inputs]  # (a frozen weight: no product for it)
+    xs, ws, ys = (NDArray(a._buf, a.shape, a._dtype, a.device) for a in (x, weight, out))
+    rule = REGISTRY[act].grad if act is not None else None
+
+    def backward_fn(grads):
+        (g,) = grads
+        if rule is not None:
+            (g,) = rule(F, (None,), ys, g)
+        res = [F.matmul(g, ws) if needs[0] else None,
+               F.matmul(F.transpose(g, axes=(1, 0)), xs) if needs[1] else None]
+        if bias is not None:
+            res.append(F.sum(g, axis=(0,)) if needs[2] else None)
+        return res
+    record_custom("dense", inputs, [out], backward_fn)
 
 
 _NO_ATTRS: dict = {}

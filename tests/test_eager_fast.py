@@ -186,10 +186,72 @@ def test_an_eager_dense_is_one_call_with_its_ops_bits(act, use_bias):
         assert bool(calls) == (act == "gelu"), calls  # an array made per op: not fused
 
 
-def test_an_eager_dense_takes_its_ops_path_where_they_would_not_run_here():
-    """Recording (the tape needs each op), a first signature (inference checks it), an
-    input not computed yet (the engine orders it), a 3-D input, or a hook on the activation:
-    the layer's ops run as before, and give the same values."""
+@pytest.mark.parametrize("act, use_bias", [("relu", True), ("sigmoid", True),
+                                           ("tanh", False), (None, True)])
+def test_a_recorded_eager_dense_is_one_tape_node_with_its_ops_gradients(act, use_bias):
+    """Under record() an eager Dense is one op and one tape node (hybrid.ndarray
+    eager_linear); its backward gives what the layer's four recorded ops give, bit for bit:
+    the input's, the weight's and the bias's gradients, through two layers."""
+    from hybrid import nn
+    rng = np.random.default_rng(8)
+    l1 = nn.Dense(6, activation=act, use_bias=use_bias, in_units=5)
+    l2 = nn.Dense(3, activation="relu", in_units=6)
+    for layer in (l1, l2):
+        layer.initialize()
+    x = hb.array(rng.standard_normal((4, 5)).astype(np.float32))
+    x.attach_grad()
+    params = [p for layer in (l1, l2) for p in layer.collect_params().values()]
+
+    def grads(forward):
+        with autograd.record():
+            y = forward(x)
+            loss = (y * y).sum()
+        loss.backward()
+        return [x.grad.asnumpy()] + [p.grad().asnumpy().copy() for p in params], y
+    want, _ = grads(lambda v: _dense_by_ops(l2, _dense_by_ops(l1, v)))
+    made = []
+    orig = autograd.record_custom
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(autograd, "record_custom", lambda name, *a: made.append(name) or
+                   orig(name, *a))
+        got, y = grads(lambda v: l2(l1(v)))
+    assert made == ["dense", "dense"], made
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+
+
+def test_a_dense_on_images_flattens_them_and_is_one_op_too():
+    """A Dense on (N, C, H, W) flattens its input, as linear() does, then runs as one op:
+    LeNet's and the book's MLP's first layer; gradients equal the ops' path."""
+    from hybrid import nn
+    rng = np.random.default_rng(9)
+    layer = nn.Dense(5, activation="relu", in_units=12)
+    layer.initialize()
+    x = hb.array(rng.standard_normal((3, 1, 3, 4)).astype(np.float32))
+    x.attach_grad()
+    params = list(layer.collect_params().values())
+
+    def grads(forward):
+        with autograd.record():
+            loss = (forward(x) ** 2).sum()
+        loss.backward()
+        return [x.grad.asnumpy()] + [p.grad().asnumpy().copy() for p in params]
+    want = grads(lambda v: _dense_by_ops(layer, v.reshape((3, 12))))
+    made = []
+    orig = autograd.record_custom
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(autograd, "record_custom", lambda name, *a: made.append(name) or
+                   orig(name, *a))
+        got = grads(layer)
+    assert made == ["dense"]
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+
+
+def test_an_eager_dense_takes_its_ops_path_where_they_would_not_run_as_one():
+    """A first signature (inference checks it), a 3-D input, a hook on the activation, or
+    inlining off: the layer's ops run as before, with the same values; an input still
+    being computed makes one engine op, ordered after it."""
     from hybrid import nn
     rng = np.random.default_rng(6)
     layer = nn.Dense(4, activation="relu", in_units=6)
@@ -197,11 +259,6 @@ def test_an_eager_dense_takes_its_ops_path_where_they_would_not_run_here():
     x = hb.array(rng.standard_normal((2, 6)).astype(np.float32))
     first = layer(x).asnumpy()  # first signature: the ops' own path
     np.testing.assert_array_equal(first, _dense_by_ops(layer, x).asnumpy())
-    x.attach_grad()
-    with autograd.record():
-        y = layer(x)
-    y.backward()
-    assert x.grad is not None and np.abs(x.grad.asnumpy()).sum() > 0
     seen = []
     layer.act.register_forward_hook(lambda blk, args, out: seen.append(out.shape))
     np.testing.assert_array_equal(layer(x).asnumpy(), first)
@@ -212,19 +269,31 @@ def test_an_eager_dense_takes_its_ops_path_where_they_would_not_run_here():
     from hybrid.ndarray import eager_linear
     w, b = layer.weight.data(), layer.bias.data()
     hb.waitall()
-    assert eager_linear(x, w, b, "relu") is not None
+    eng = engine_mod.get_engine()
+    before = _pushes()
+    assert eager_linear(x, w, b, "relu") is not None and _pushes() == before  # in the caller
     gate = __import__("threading").Event()
     slow = hb.NDArray(engine_mod_buffer(), (2, 6), "float32", x.device)
-    engine_mod.get_engine().push(
-        lambda: (gate.wait(5), setattr(slow._buf, "data", x.asnumpy())), (),
-        (slow._buf.var,), x.device, "slow")
+    eng.push(lambda: (gate.wait(5), setattr(slow._buf, "data", x.asnumpy())), (),
+             (slow._buf.var,), x.device, "slow")
     try:
-        assert eager_linear(slow, w, b, "relu") is None  # pending input
-        assert eager_linear(x, w, b, "relu") is None  # the device is busy: ops queue in order
-        y = layer(slow)
+        before = _pushes()
+        y = eager_linear(slow, w, b, "relu")  # pending input: one engine op after it
+        assert _pushes() == before + 1
     finally:
         gate.set()
     np.testing.assert_array_equal(y.asnumpy(), first)
+    old = config.set_flag("HYBRID_INLINE", False)
+    try:
+        off = engine_mod.Engine()
+    finally:
+        config.set_flag("HYBRID_INLINE", old)
+    prev = engine_mod.set_engine(off)
+    try:
+        assert eager_linear(x, w, b, "relu") is None
+    finally:
+        engine_mod.set_engine(prev)
+        off.shutdown()
 
 
 def test_computed_buffer_makes_its_var_on_demand():

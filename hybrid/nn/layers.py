@@ -13,7 +13,7 @@ import math
 from compiler.ops import composite as _c
 
 from .. import npx
-from ..ndarray import F, eager_linear
+from ..ndarray import F, NDArray, eager_linear
 from .block import HybridBlock
 from .parameter import Parameter
 
@@ -128,7 +128,10 @@ class Dense(HybridBlock):
         wd = weight.data(dev)
         act = self.act
         fast = _fused_act(act)
-        if fast is not False:  # one eager op where the layer's ops would run here anyway
+        if fast is not False:  # one eager op for the layer's product, bias and activation
+            if self._flatten and len(shape) > 2 and type(x) is NDArray and \
+                    x.device.kind == "cpu":
+                x = _c.flatten(F, x)  # (as linear() would)
             out = eager_linear(x, wd, bias, fast)
             if out is not None:
                 return out
