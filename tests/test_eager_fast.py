@@ -101,7 +101,9 @@ def test_failed_input_stays_failed():
         hb.waitall()
 
 
-def test_inline_off_goes_through_the_engine():
+@contextlib.contextmanager
+def _engine_inline_off():
+    """The process's engine replaced, for the block, by one made with HYBRID_INLINE off."""
     old = config.set_flag("HYBRID_INLINE", False)
     try:
         eng = engine_mod.Engine()
@@ -109,14 +111,19 @@ def test_inline_off_goes_through_the_engine():
         config.set_flag("HYBRID_INLINE", old)
     prev = engine_mod.set_engine(eng)
     try:
+        yield eng
+    finally:
+        engine_mod.set_engine(prev)
+        eng.shutdown()
+
+
+def test_inline_off_goes_through_the_engine():
+    with _engine_inline_off() as eng:
         x = hb.ones((1, 2))
         before = eng._seq
         y = x + 1
         assert eng._seq == before + 1
         np.testing.assert_array_equal(y.asnumpy(), np.full((1, 2), 2, np.float32))
-    finally:
-        engine_mod.set_engine(prev)
-        eng.shutdown()
 
 
 @pytest.mark.parametrize("in_caller", [True, False])
@@ -283,17 +290,8 @@ def test_an_eager_dense_takes_its_ops_path_where_they_would_not_run_as_one():
     finally:
         gate.set()
     np.testing.assert_array_equal(y.asnumpy(), first)
-    old = config.set_flag("HYBRID_INLINE", False)
-    try:
-        off = engine_mod.Engine()
-    finally:
-        config.set_flag("HYBRID_INLINE", old)
-    prev = engine_mod.set_engine(off)
-    try:
+    with _engine_inline_off():
         assert eager_linear(x, w, b, "relu") is None
-    finally:
-        engine_mod.set_engine(prev)
-        off.shutdown()
 
 
 def test_computed_buffer_makes_its_var_on_demand():
