@@ -565,6 +565,20 @@ def test_a_sum_that_is_not_of_a_one_hot_row_is_left_alone(case):
     assert "sum of a one-hot" not in rep["hits"]
 
 
+def test_a_sum_of_a_comparison_with_a_number_is_left_alone():
+    """where(positions == 3, v, 0): one column, not one element per row chosen by an index."""
+    g = Graph("t")
+    v = g.add_input(Spec((5, 1), "float32"), "v")
+    pos = op(g, "reshape", op(g, "arange", start=0, stop=7, step=1, dtype="int64"),
+             shape=(1, 7))
+    hot = op(g, "where", op(g, "eq", pos, 3.0), v, 0.0)
+    g.outputs = [op(g, "sum", hot, axis=(1,), keepdims=True)]
+    out, rep = simplify(g)
+    assert "sum of a one-hot" not in rep["hits"]
+    ins = [np.arange(5, dtype=np.float32).reshape(5, 1)]
+    np.testing.assert_array_equal(run_reference(out, ins)[0], run_reference(g, ins)[0])
+
+
 def test_pick_of_an_operand_broadcast_along_another_axis_is_left_alone():
     g = Graph("t")
     x = g.add_input(Spec((5, 7), "float32"), "x")

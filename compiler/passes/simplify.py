@@ -304,7 +304,10 @@ def _sum_of_one_hot(graph, n):
     vpad = (1,) * (len(shape) - len(vs.shape)) + tuple(vs.shape)
     if vpad[axis] != 1:
         return None
-    p, q = graph.arg_ids(cond.id)
+    pair = graph.args(cond.id)
+    if len(pair) != 2 or not all(isinstance(a, NodeRef) for a in pair):
+        return None  # (compared with a number: one position, not a one-hot row)
+    p, q = (a.id for a in pair)
     if not any(_index_within(graph, i, axis, shape) and _positions_along(graph, j, axis, shape)
                for i, j in ((p, q), (q, p))):
         return None
